@@ -1,0 +1,67 @@
+"""AgentGym: Gymnasium-compatible multi-turn agent environments for training and evaluating LLM agents.
+
+Importing ``agentgym`` registers every built-in env id (as strings, nothing heavy is imported) and
+third-party envs from the ``agentgym.envs`` entry-point group::
+
+    import agentgym, gymnasium
+    env = gymnasium.make("agentgym/SQL-v0")
+    obs, info = env.reset(seed=0)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from agentgym import errors
+from agentgym.core import AgentEnv, StepResult
+from agentgym.parsers import ActionParser, ParsedAction, get_parser
+from agentgym.registration import env_entry, list_envs, load_plugins, make, register_env
+from agentgym.spaces import ActionSpace, ChatSpace, TextSpace
+from agentgym.tools import Tool, ToolResult, ToolSet, tool
+from agentgym.types import Message, TaskSpec, ToolCall, ToolSpec, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from agentgym.checker import CheckReport, check_env
+
+__all__ = [
+    "ActionParser",
+    "ActionSpace",
+    "AgentEnv",
+    "ChatSpace",
+    "CheckReport",
+    "Message",
+    "ParsedAction",
+    "StepResult",
+    "TaskSpec",
+    "TextSpace",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "ToolSet",
+    "ToolSpec",
+    "Trajectory",
+    "Turn",
+    "__version__",
+    "check_env",
+    "env_entry",
+    "errors",
+    "get_parser",
+    "list_envs",
+    "load_plugins",
+    "make",
+    "register_env",
+    "tool",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("check_env", "CheckReport"):
+        from agentgym import checker
+
+        return getattr(checker, name)
+    raise AttributeError(f"module 'agentgym' has no attribute {name!r}")
+
+
+load_plugins()

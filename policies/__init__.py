@@ -1,0 +1,1 @@
+"""Policies: HF transformers, in-process vLLM, OpenAI-compatible HTTP, scripted. Loaded lazily."""

@@ -1,0 +1,1 @@
+"""Trainers (GRPO family, multi-policy). Not implemented yet; see DESIGN.md."""
