@@ -161,6 +161,7 @@ def check_env(
             for _ in range(max_expert_steps):
                 action = base.expert_action()
                 _expect(action is not None, f"{name}: expert_action() returned None mid-episode")
+                assert action is not None
                 obs, reward, term, trunc, info = base.step(copy.deepcopy(action))
                 _expect(space.contains(obs), f"{name}: step() observation is not a list of chat messages")
                 if term or trunc:

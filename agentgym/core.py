@@ -78,7 +78,8 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         default_split: Used when ``reset`` gets no ``split`` option.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: dict[str, Any] = {  # noqa: RUF012 (gymnasium declares it as an instance attribute)
+       "render_modes": ["ansi"], "render_fps": 1}
     family: ClassVar[str] = "custom"
     default_parser: ClassVar[str] = "hermes"
     splits: ClassVar[tuple[str, ...]] = ("train", "test")

@@ -100,8 +100,8 @@ def _normalise_call(obj: Any, index: int, tools: ToolSet | None) -> tuple[ToolCa
     """Accept ``{"name", "arguments"}`` or OpenAI's ``{"id", "type", "function": {...}}``."""
     if not isinstance(obj, dict):
         return None, f"tool call #{index + 1} must be a JSON object with 'name' and 'arguments'"
-    call_id = obj.get("id") if isinstance(obj.get("id"), str) else f"call_{index}"
-    fn = obj.get("function") if isinstance(obj.get("function"), dict) else obj
+    call_id: str = obj["id"] if isinstance(obj.get("id"), str) else f"call_{index}"
+    fn: dict[str, Any] = obj["function"] if isinstance(obj.get("function"), dict) else obj
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         return None, f"tool call #{index + 1} has no 'name' string"
@@ -118,7 +118,8 @@ def _normalise_call(obj: Any, index: int, tools: ToolSet | None) -> tuple[ToolCa
     if tools is not None and name not in tools:
         known = ", ".join(tools.names) or "(none)"
         return None, f"unknown tool {name!r}; available tools: {known}"
-    return {"id": call_id, "name": name, "arguments": args}, None
+    call: ToolCall = {"id": call_id, "name": name, "arguments": args}
+    return call, None
 
 
 def _loads(text: str) -> tuple[Any, str | None]:
@@ -243,10 +244,10 @@ class ReActParser:
             cmd = lines[0] if lines else ""
         cmd = cmd.lstrip(">").strip().strip("`").strip()
         m = self._CALL.match(cmd)
-        if m and (tools is None or m.group(1) in tools):
+        if m and tools is not None and m.group(1) in tools:
             name, arg = m.group(1), m.group(2).strip()
-            param = tools[name].primary_param if tools is not None else None
-            args: dict[str, Any] = {param: arg} if param else ({} if not arg else {"input": arg})
+            param = tools[name].primary_param
+            args: dict[str, Any] = {param: arg} if param else {}
             return ParsedAction(text, [{"id": "call_0", "name": name, "arguments": args}])
         if m and tools is not None and len(tools):
             # name[...] that names no tool: a mistake the agent should hear about.

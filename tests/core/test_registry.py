@@ -1,0 +1,44 @@
+"""The registry: gymnasium ids, did-you-mean, and the checker over every registered env."""
+
+from __future__ import annotations
+
+import gymnasium
+import pytest
+
+import agentgym
+from agentgym.errors import UnknownEnvError
+
+# Envs that need a dataset path or an optional package are checked in their own test modules.
+NEEDS_SETUP = {"agentgym/SQL-Spider-v0", "agentgym/SQL-AgentBench-v0", "agentgym/ALFWorld-TW-v0"}
+
+
+def test_builtins_are_gymnasium_ids() -> None:
+    ids = {e.id for e in agentgym.list_envs()}
+    assert {"agentgym/Demo-v0", "agentgym/SQL-v0", "agentgym/ALFWorld-v0", "agentgym/Search-v0",
+            "agentgym/Code-v0", "agentgym/Bash-v0"} <= ids
+    assert all(i in gymnasium.registry for i in ids)
+    assert gymnasium.spec("agentgym/ALFWorld-v0").max_episode_steps == 50
+
+
+def test_unknown_id_suggests() -> None:
+    with pytest.raises(UnknownEnvError, match="Did you mean 'agentgym/Demo-v0'"):
+        agentgym.make("agentgym/Demo-v1")
+    with pytest.raises(UnknownEnvError, match="agentgym list"):
+        agentgym.make("Totally-Unknown")
+    assert agentgym.env_entry("demo-v0").id == "agentgym/Demo-v0"
+
+
+def test_register_custom_env_class() -> None:
+    from agentgym.envs.demo import GuessNumberEnv
+
+    agentgym.register_env("MyGuess-v3", GuessNumberEnv, family="mine", kwargs={"high": 7}, max_episode_steps=4)
+    env = gymnasium.make("agentgym/MyGuess-v3")
+    assert env.unwrapped.high == 7 and env.spec.max_episode_steps == 4
+    assert agentgym.env_entry("MyGuess-v3").family == "mine"
+
+
+@pytest.mark.parametrize("env_id", sorted(e.id for e in agentgym.list_envs() if e.id not in NEEDS_SETUP))
+def test_check_env_every_registered_env(env_id: str) -> None:
+    report = agentgym.check_env(agentgym.make(env_id))
+    assert "gymnasium.utils.env_checker.check_env" in report.passed
+    assert not report.skipped, report.skipped
