@@ -37,3 +37,22 @@ def test_example_plugin_installs_and_is_found(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip().endswith("1.0") and "checks passed" in out.stdout
+
+
+@pytest.mark.slow
+def test_non_editable_install_maps_the_namespace(tmp_path: Path) -> None:
+    """`pip install .` (not editable) installs envs/, policies/, trainers/ as agentgym.* and nothing else."""
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
+         str(ROOT)],
+        check=True, timeout=600, cwd=tmp_path,
+    )
+    top = sorted(p.name for p in target.iterdir() if not p.name.endswith((".dist-info", ".egg-info")) and p.name != "bin")
+    assert top == ["agentgym"], top
+    assert (target / "agentgym" / "py.typed").exists()
+    assert (target / "agentgym" / "envs" / "demo" / "__init__.py").exists()
+    code = "import agentgym, agentgym.envs.demo as d; print(agentgym.__file__, d.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)},
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.count(str(target)) == 2
