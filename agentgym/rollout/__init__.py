@@ -1,0 +1,66 @@
+"""The rollout engine: concurrent multi-turn workflows, token-exact episodes and early-termination gates.
+
+* :class:`RolloutRuntime` / :class:`RolloutEngine`: many episodes under asyncio up to a limit, blocking env
+  calls in a worker pool.
+* :class:`MultiTurnWorkflow` (one policy, G samples of a task) and :class:`SolverVerifierWorkflow`
+  (two roles, each turn tagged with its policy).
+* :class:`RolloutLimits`: turn, token and wall-time limits, each giving ``truncated``.
+* Gates: :class:`SelectiveRolloutGate`, :class:`ZeroVarianceDetector`, :func:`gate_precision`.
+* JSONL: :func:`write_jsonl`, :func:`append_jsonl`, :func:`read_jsonl`.
+
+This package imports only the core (``agentgym.*``); policies come in as objects.
+"""
+
+from __future__ import annotations
+
+from agentgym.rollout.engine import RolloutEngine
+from agentgym.rollout.episode import Conversation, EpisodeSpec, run_episode
+from agentgym.rollout.gates import (
+    Gate,
+    GateDecision,
+    GateMonitor,
+    GateRecord,
+    GroupState,
+    SelectiveRolloutGate,
+    ZeroVarianceDetector,
+    canonical_action,
+    gate_precision,
+    levenshtein,
+    mean_pairwise_distance,
+    normalized_distance,
+)
+from agentgym.rollout.jsonl import append_jsonl, iter_jsonl, read_jsonl, write_jsonl
+from agentgym.rollout.multi_policy import SolverVerifierWorkflow, parse_verdict, split_by_policy
+from agentgym.rollout.runtime import RolloutLimits, RolloutRuntime
+from agentgym.rollout.workflow import GroupRequest, MultiTurnWorkflow, Workflow
+
+__all__ = [
+    "Conversation",
+    "EpisodeSpec",
+    "Gate",
+    "GateDecision",
+    "GateMonitor",
+    "GateRecord",
+    "GroupRequest",
+    "GroupState",
+    "MultiTurnWorkflow",
+    "RolloutEngine",
+    "RolloutLimits",
+    "RolloutRuntime",
+    "SelectiveRolloutGate",
+    "SolverVerifierWorkflow",
+    "Workflow",
+    "ZeroVarianceDetector",
+    "append_jsonl",
+    "canonical_action",
+    "gate_precision",
+    "iter_jsonl",
+    "levenshtein",
+    "mean_pairwise_distance",
+    "normalized_distance",
+    "parse_verdict",
+    "read_jsonl",
+    "run_episode",
+    "split_by_policy",
+    "write_jsonl",
+]
