@@ -1,0 +1,161 @@
+"""Search-R1-compatible retrieval over HTTP: a client (:class:`RemoteRetriever`) and a FastAPI app.
+
+The wire format is Search-R1's ``retrieval_server.py``::
+
+    POST /retrieve  {"queries": ["..."], "topk": 3, "return_scores": true}
+    ->  {"result": [[{"document": {"id": "...", "contents": "\\"Title\\"\\ntext"}, "score": 12.3}, ...], ...]}
+
+With ``return_scores: false`` each inner list holds the documents themselves. ``contents`` follows
+the wiki-18 convention: the title (in double quotes) on the first line, the text after it. The app
+also answers ``GET /health``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from agentgym.envs.search.retrieval import Hit, Retriever
+
+from agentgym.errors import ConfigurationError, RetrievalError
+
+__all__ = ["RemoteRetriever", "create_app", "hit_to_document", "parse_contents"]
+
+MAX_QUERIES_PER_REQUEST = 4096
+MAX_TOPK = 100
+MAX_QUERY_CHARS = 4096
+
+
+def parse_contents(contents: str) -> tuple[str, str]:
+    """Split wiki-18 ``contents`` into (title, text); the title line may be in double quotes."""
+    title, _, text = contents.partition("\n")
+    title = title.strip()
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1]
+    return title, text.strip()
+
+
+def hit_to_document(hit: Hit) -> dict[str, Any]:
+    """A :class:`Hit` as a wiki-18 document."""
+    return {"id": hit.doc_id, "contents": f'"{hit.title}"\n{hit.text}'}
+
+
+def _document_to_hit(doc: Any, score: float) -> Hit:
+    if isinstance(doc, str):
+        title, text = parse_contents(doc)
+        return Hit("", title, text, score)
+    if not isinstance(doc, dict):
+        raise ValueError(f"document is {type(doc).__name__}, expected an object")
+    if "contents" in doc:
+        title, text = parse_contents(str(doc["contents"]))
+    else:
+        title, text = str(doc.get("title", "")), str(doc.get("text", ""))
+    return Hit(str(doc.get("id", "")), title, text, score)
+
+
+class RemoteRetriever:
+    """Client of a ``/retrieve`` server (Search-R1's, or ``agentgym serve-retriever``).
+
+    Connection errors, timeouts and 5xx answers are retried ``retries`` times with exponential
+    backoff; then :class:`~agentgym.errors.RetrievalError` is raised. Every request has a deadline, so
+    a dead or hung server costs at most about ``(retries + 1) * timeout_s + backoff`` seconds.
+
+    Args:
+        url: Base URL (``http://host:port``) or the full ``.../retrieve`` URL.
+        timeout_s: Per-request deadline (connect, read, write).
+        retries: Extra attempts after the first.
+        backoff_s: First backoff; doubles each retry.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.1) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"Retrieval URL {url!r} must start with http:// or https://.")
+        url = url.rstrip("/")
+        self.url = url if url.endswith("/retrieve") else url + "/retrieve"
+        self.timeout_s = float(timeout_s)
+        self.retries = max(0, int(retries))
+        self.backoff_s = float(backoff_s)
+        self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> RemoteRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
+        payload = {"queries": list(queries), "topk": int(k), "return_scores": True}
+        last: str = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = self._client.post(self.url, json=payload)
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if resp.status_code >= 500:
+                last = f"HTTP {resp.status_code}"
+                continue
+            if resp.status_code >= 400:
+                raise RetrievalError(f"{self.url} rejected the request: HTTP {resp.status_code} {resp.text[:200]}")
+            try:
+                return self._parse(resp.json(), len(payload["queries"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise RetrievalError(f"{self.url} sent a malformed response: {e}") from None
+        raise RetrievalError(f"retrieval server {self.url} failed after {self.retries + 1} attempts ({last}).")
+
+    @staticmethod
+    def _parse(body: Any, n: int) -> list[list[Hit]]:
+        result = body["result"]
+        if not isinstance(result, list) or len(result) != n:
+            raise ValueError(f"expected {n} result lists")
+        out: list[list[Hit]] = []
+        for row in result:
+            hits = []
+            for item in row:
+                if isinstance(item, dict) and "document" in item:
+                    hits.append(_document_to_hit(item["document"], float(item.get("score", 0.0))))
+                else:
+                    hits.append(_document_to_hit(item, 0.0))
+            out.append(hits)
+        return out
+
+    def search(self, query: str, k: int = 3) -> list[Hit]:
+        return self.batch_search([query], k)[0]
+
+
+def create_app(retriever: Retriever, *, default_topk: int = 3) -> Any:
+    """A FastAPI app serving ``retriever`` with Search-R1's ``/retrieve`` API."""
+    from fastapi import FastAPI, HTTPException
+    from pydantic import BaseModel, Field
+
+    class QueryRequest(BaseModel):
+        queries: list[str] = Field(max_length=MAX_QUERIES_PER_REQUEST)
+        topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
+        return_scores: bool = False
+
+    app = FastAPI(title="AgentGym retriever", description="Search-R1-compatible /retrieve endpoint.")
+    num_docs = len(getattr(retriever, "docs", ()) or ())
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "kind": getattr(retriever, "kind", "custom"), "num_docs": num_docs}
+
+    @app.post("/retrieve")
+    def retrieve(req: QueryRequest) -> dict[str, Any]:
+        for q in req.queries:
+            if len(q) > MAX_QUERY_CHARS:
+                raise HTTPException(status_code=422, detail=f"a query is longer than {MAX_QUERY_CHARS} characters")
+        k = req.topk or default_topk
+        results = retriever.batch_search(req.queries, k)
+        if req.return_scores:
+            return {"result": [[{"document": hit_to_document(h), "score": h.score} for h in hits] for hits in results]}
+        return {"result": [[hit_to_document(h) for h in hits] for hits in results]}
+
+    return app
