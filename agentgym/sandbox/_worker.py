@@ -1,0 +1,321 @@
+"""Warm bwrap worker. Runs *inside* the bubblewrap sandbox (stdlib only, never imported by the host).
+
+Protocol on fds 0/1 (moved away at start-up): frames of a 4-byte big-endian length + JSON.
+The worker answers ``{"ready": true}`` once, then one response per request.
+
+Each request runs in a fresh child that is PID 1 of a new PID namespace with its own mount
+namespace and fresh tmpfs ``/work`` and ``/tmp``; the user's program runs in a grandchild with
+every capability dropped and ``no_new_privs`` set. When the child exits the kernel kills whatever
+the program left running, and the tmpfs mounts vanish, so no process and no file survives a run.
+"""
+
+import base64
+import builtins
+import ctypes
+import json
+import math
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+import types
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_SET_DUMPABLE, PR_SET_PDEATHSIG = 38, 24, 47, 4, 1
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _read_frame(fd):
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _write_frame(fd, obj):
+    data = json.dumps(obj).encode()
+    data = struct.pack(">I", len(data)) + data
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _drop_caps():
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capset(hdr, data), "capset")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _set_limits(req, base_procs):
+    cpu = math.ceil(req["timeout_s"]) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    mem = int(req["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    nproc = int(req["nproc"]) + base_procs
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    fs = int(req["file_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fs, fs))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _run_python_inline(src):
+    """Run ``src`` as ``__main__`` in this (forked, pristine) interpreter, like ``python main.py``."""
+    sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    sys.argv = ["/work/main.py"]
+    sys.path[0] = "/work"
+    mod = types.ModuleType("__main__")
+    mod.__dict__.update({"__file__": "/work/main.py", "__builtins__": builtins, "__cached__": None})
+    sys.modules["__main__"] = mod
+    code = 0
+    try:
+        exec(compile(src, "/work/main.py", "exec"), mod.__dict__)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code & 0xFF
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException as e:
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        traceback.print_exception(type(e), e, tb)
+        code = 1
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        code = code or 120
+    os._exit(code)
+
+
+def _grandchild(req, fds, base_procs):
+    out_w, err_w, in_r = fds
+    os.dup2(in_r, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.closerange(3, 65536)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    os.setsid()
+    _set_limits(req, base_procs)
+    _drop_caps()
+    lang = req["language"]
+    if lang == "bash":
+        os.execv("/bin/bash", ["bash", "/work/main.sh"])
+    if req.get("fresh_interpreter"):
+        os.execv(sys.executable, [sys.executable, "-I", "/work/main.py"])
+    _run_python_inline(req["program"])
+
+
+def _child(req, fds, status_w):
+    """PID 1 of a fresh PID namespace: fresh mounts, spawn the program, report its wait status."""
+    try:
+        _check(libc.unshare(CLONE_NEWNS), "unshare(NEWNS)")
+        _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        size = f"size={int(req['file_mb'])}m,mode=0755".encode()
+        for path in (b"/work", b"/tmp"):
+            _check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount {path!r}")
+        _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        name = "main.sh" if req["language"] == "bash" else "main.py"
+        files = dict(req.get("files") or {})
+        files[name] = base64.b64encode(req["program"].encode()).decode()
+        for rel, b64 in files.items():
+            path = os.path.join("/work", rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(base64.b64decode(b64))
+        os.chdir("/work")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _grandchild(req, fds, 4)
+            finally:
+                os._exit(127)
+        for fd in fds:
+            os.close(fd)
+        status = None
+        while True:  # reap everything; remember the program's own status
+            try:
+                p, st = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if p == pid:
+                status = st
+                break
+        os.write(status_w, struct.pack(">i", -1 if status is None else status))
+    except BaseException as e:
+        os.write(status_w, struct.pack(">i", -2) + repr(e).encode()[:500])
+    os._exit(0)
+
+
+def run(req):
+    t0 = time.monotonic()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe()
+    st_r, st_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        # the intermediate: new PID namespace for its child, which becomes that namespace's init
+        try:
+            for fd in (out_r, err_r, in_w, st_r, CTL_IN, CTL_OUT):
+                os.close(fd)
+            _check(libc.unshare(CLONE_NEWPID), "unshare(NEWPID)")
+            b = os.fork()
+            if b == 0:
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() == 0:  # parent already gone (ppid is outside our namespace: 0)
+                    pass
+                _child(req, (out_w, err_w, in_r), st_w)
+            for fd in (out_w, err_w, in_r, st_w):
+                os.close(fd)
+            os.waitpid(b, 0)
+        except BaseException as e:
+            os.write(st_w, struct.pack(">i", -2) + repr(e).encode()[:500])
+        finally:
+            os._exit(0)
+    for fd in (out_w, err_w, in_r, st_w):
+        os.close(fd)
+    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
+    if stdin:
+        os.set_blocking(in_w, False)
+    else:
+        os.close(in_w)
+        in_w = -1
+    cap = int(req["max_output_bytes"])
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    open_fds = [out_r, err_r]
+    deadline = t0 + float(req["timeout_s"])
+    timed_out = truncated = killed = False
+    while open_fds:
+        now = time.monotonic()
+        if now >= deadline:
+            if killed:
+                break
+            timed_out = not truncated
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+            deadline = now + 1.0
+        wl = [in_w] if in_w >= 0 else []
+        r, w, _ = select.select(open_fds, wl, [], max(0.0, deadline - now))
+        for fd in w:
+            try:
+                n = os.write(fd, stdin[:65536])
+                stdin = stdin[n:]
+            except OSError:
+                stdin = b""
+            if not stdin:
+                os.close(in_w)
+                in_w = -1
+        for fd in r:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+                os.close(fd)
+                continue
+            room = cap - len(bufs[out_r]) - len(bufs[err_r])
+            if len(chunk) > room:
+                bufs[fd] += chunk[: max(room, 0)]
+                if not truncated:
+                    truncated = True
+                    if not killed:
+                        os.kill(pid, signal.SIGKILL)
+                        killed = True
+                        deadline = time.monotonic() + 1.0
+            else:
+                bufs[fd] += chunk
+    for fd in open_fds:
+        os.close(fd)
+    if in_w >= 0:
+        os.close(in_w)
+    if not killed:
+        # the namespace's init exits right after the program; its exit kills any leftovers
+        os.waitpid(pid, 0)
+    else:
+        os.waitpid(pid, 0)
+    raw = b""
+    while True:
+        chunk = os.read(st_r, 4096)
+        if not chunk:
+            break
+        raw += chunk
+    os.close(st_r)
+    exit_code = None
+    error = None
+    if len(raw) >= 4:
+        st = struct.unpack(">i", raw[:4])[0]
+        if st == -2:
+            error = raw[4:].decode(errors="replace")
+        elif st >= 0:
+            exit_code = os.waitstatus_to_exitcode(st)
+    elif killed:
+        exit_code = -signal.SIGKILL
+    return {
+        "stdout": bufs[out_r].decode("utf-8", errors="replace"),
+        "stderr": bufs[err_r].decode("utf-8", errors="replace"),
+        "exit_code": exit_code,
+        "timed_out": timed_out,
+        "truncated": truncated,
+        "duration_s": time.monotonic() - t0,
+        "error": error,
+    }
+
+
+CTL_IN = os.dup(0)
+CTL_OUT = os.dup(1)
+
+
+def main():
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    _write_frame(CTL_OUT, {"ready": True, "pid": os.getpid()})
+    while True:
+        req = _read_frame(CTL_IN)
+        if req is None:
+            return
+        try:
+            resp = run(req)
+        except BaseException as e:
+            resp = {"error": f"{type(e).__name__}: {e}"}
+        _write_frame(CTL_OUT, resp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,406 @@
+"""The default backend: bubblewrap (``apt install bubblewrap``).
+
+Every run gets: no network (``--unshare-net``), read-only system directories, a fresh tmpfs
+working directory, new PID/IPC/UTS/user namespaces, rlimits on CPU time, address space,
+processes and file size, a cleared environment, and the whole process tree killed on timeout.
+When the host runs as root the program runs as an unprivileged uid (root ignores
+``RLIMIT_NPROC``).
+
+Two modes:
+
+* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms).
+* **warm** (``warm=True``): a pool of pre-started sandboxed workers (:mod:`._worker`); each run
+  forks a fresh child inside the worker's sandbox, in its own PID and mount namespace with fresh
+  tmpfs ``/work`` and ``/tmp``, capabilities dropped. No process or file survives a run. Python
+  programs run in the forked interpreter (``fresh_interpreter=True`` execs a new ``python3``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import queue
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from agentgym.errors import SandboxError, SandboxUnavailable
+from agentgym.sandbox._posix import UidPool, is_root, make_preexec
+from agentgym.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    ExecResult,
+    Files,
+    Language,
+    as_bytes,
+    check_relpath,
+    communicate,
+    default_python,
+    killpg,
+    looks_oom,
+    result_from,
+)
+
+__all__ = ["BwrapSandbox", "BwrapSession", "bwrap_available"]
+
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime", "/etc/ssl", "/etc/python3")
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "0", "TMPDIR": "/tmp"}
+WORKER_PATH = Path(__file__).with_name("_worker.py")
+
+
+def bwrap_available(path: str | None = None) -> str | None:
+    """The bwrap binary if it exists *and* can create namespaces here, else ``None``."""
+    exe = path or shutil.which("bwrap")
+    if not exe:
+        return None
+    try:
+        r = subprocess.run([exe, "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, timeout=10,
+                           preexec_fn=make_preexec(uid=65534 if is_root() else None, timeout_s=None,
+                                                   memory_mb=None, nproc=None, file_mb=None))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return exe if r.returncode == 0 else None
+
+
+def _system_args() -> list[str]:
+    args: list[str] = []
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for f in _ETC_FILES:
+        if os.path.exists(f):
+            args += ["--ro-bind", f, f]
+    return args
+
+
+def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None) -> list[str]:
+    args = [exe, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+            "--hostname", "sandbox", *_system_args()]
+    py_real = os.path.realpath(python)
+    if not any(py_real.startswith(d + "/") for d in ("/usr", "/bin", "/lib")):
+        # an interpreter outside the system dirs (pyenv, conda): expose its prefix read-only
+        prefix = str(Path(py_real).parent.parent)
+        args += ["--ro-bind", prefix, prefix]
+    size = str(file_mb * 1024 * 1024)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    args += ["--bind", workdir, "/work"] if workdir else ["--size", size, "--tmpfs", "/work"]
+    args += ["--chdir", "/work", "--clearenv"]
+    for k, v in _ENV.items():
+        args += ["--setenv", k, v]
+    return args
+
+
+class BwrapSession:
+    """Runs sharing one working directory (a host temp dir bound read-write as ``/work``)."""
+
+    def __init__(self, box: BwrapSandbox) -> None:
+        self._box = box
+        self._dir = tempfile.mkdtemp(prefix="agentgym-bwrap-session-")
+        self._uid_cm = box._uids.acquire() if is_root() else None
+        self._uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
+        if self._uid is not None:
+            os.chown(self._dir, self._uid, self._uid)
+        os.chmod(self._dir, 0o700)
+
+    @property
+    def path(self) -> str:
+        """The host directory behind ``/work`` (for inspection by the env, never by the agent)."""
+        return self._dir
+
+    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        return self._box._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                   memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+                                   workdir=self._dir, uid=self._uid)
+
+    def close(self) -> None:
+        if self._uid_cm is not None:
+            from agentgym.sandbox._posix import kill_uid
+
+            kill_uid(self._uid or 0)
+            self._uid_cm.__exit__(None, None, None)
+            self._uid_cm = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> BwrapSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Worker:
+    """One warm sandboxed worker process (see :mod:`agentgym.sandbox._worker`)."""
+
+    def __init__(self, box: BwrapSandbox) -> None:
+        self.box = box
+        self._uid_cm = box._uids.acquire() if is_root() else None
+        uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
+        args = _base_args(box.exe, box.python, box.file_mb)
+        # The worker keeps capabilities *inside its own user namespace* so that it can create a
+        # PID + mount namespace per run; the program itself runs with all of them dropped.
+        args += ["--cap-add", "ALL", "--ro-bind", str(WORKER_PATH), "/.agentgym/worker.py",
+                 box.python, "-I", "-S", "/.agentgym/worker.py"]
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     preexec_fn=make_preexec(uid=uid, timeout_s=None, memory_mb=None,
+                                                             nproc=4096, file_mb=None), close_fds=True)
+        ready = self._recv(timeout_s=20.0)
+        if not ready or not ready.get("ready"):
+            self.kill()
+            raise SandboxUnavailable(f"the warm bwrap worker did not start (got {ready!r}); "
+                                     "check that `bwrap --unshare-all --cap-add ALL true` works on this machine.")
+
+    def _recv(self, timeout_s: float) -> dict[str, object] | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        need = 4
+        header = True
+        import select
+
+        while True:
+            while len(buf) < need:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                r, _, _ = select.select([fd], [], [], left)
+                if not r:
+                    return None
+                chunk = os.read(fd, need - len(buf))
+                if not chunk:
+                    return None
+                buf += chunk
+            if header:
+                need = struct.unpack(">I", buf)[0]
+                buf = b""
+                header = False
+                if need == 0:
+                    return {}
+            else:
+                obj: dict[str, object] = json.loads(buf)
+                return obj
+
+    def request(self, req: dict[str, object], timeout_s: float) -> dict[str, object] | None:
+        assert self.proc.stdin is not None
+        data = json.dumps(req).encode()
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        return self._recv(timeout_s)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        killpg(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        if self._uid_cm is not None:
+            self._uid_cm.__exit__(None, None, None)
+            self._uid_cm = None
+
+
+class BwrapSandbox:
+    """Bubblewrap sandbox. See the module docstring for what it isolates.
+
+    Args:
+        warm: Use a pool of pre-started workers (fast) instead of one ``bwrap`` per run.
+        workers: Warm pool size (concurrent runs); workers start lazily.
+        python: Interpreter inside the sandbox (default: the system ``python3``).
+        bwrap: Path to the ``bwrap`` binary.
+        nproc: Processes the program may create.
+        file_mb: Largest file, and size of each tmpfs.
+        fresh_interpreter: Warm mode only: exec a new ``python3`` per run instead of running the
+            program in the forked worker interpreter (slower, byte-for-byte ``python main.py``).
+    """
+
+    def __init__(self, *, warm: bool = False, workers: int = 1, python: str | None = None, bwrap: str | None = None,
+                 nproc: int = 64, file_mb: int = 64, fresh_interpreter: bool = False) -> None:
+        exe = bwrap_available(bwrap)
+        if exe is None:
+            raise SandboxUnavailable(
+                "the bwrap sandbox needs bubblewrap that can create user namespaces: install it with "
+                "`apt install bubblewrap` (and allow unprivileged user namespaces), or use "
+                "get_sandbox('process') / get_sandbox('docker').")
+        self.exe = exe
+        self.warm = bool(warm)
+        self.name = "bwrap-warm" if warm else "bwrap"
+        self.python = python or default_python()
+        self.nproc = int(nproc)
+        self.file_mb = int(file_mb)
+        self.fresh_interpreter = bool(fresh_interpreter)
+        self._uids = UidPool()
+        self._pool: queue.Queue[_Worker | None] = queue.Queue()
+        self._n_workers = max(1, int(workers))
+        for _ in range(self._n_workers):
+            self._pool.put(None)  # placeholder, started on first use
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        """Run ``program`` in a fresh sandbox (see :class:`~agentgym.sandbox.base.Sandbox`)."""
+        _check_language(language)
+        if self.warm:
+            return self._run_warm(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+        with self._uids.acquire() as uid:
+            return self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None,
+                                  uid=uid if is_root() else None)
+
+    def session(self) -> BwrapSession:
+        """A session whose ``/work`` persists between runs (cold runs; processes never persist)."""
+        return BwrapSession(self)
+
+    def close(self) -> None:
+        """Stop the warm workers."""
+        self._closed = True
+        with self._lock:
+            workers, self._all = self._all, []
+        for w in workers:
+            w.kill()
+
+    def __enter__(self) -> BwrapSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ------------------------------------------------------------------ cold
+    def _run_cold(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                  timeout_s: float, memory_mb: int, max_output_bytes: int, workdir: str | None,
+                  uid: int | None) -> ExecResult:
+        args = _base_args(self.exe, self.python, self.file_mb, workdir)
+        memfds: list[int] = []
+        name = "main.sh" if language == "bash" else "main.py"
+        try:
+            all_files: dict[str, bytes] = {check_relpath(k): as_bytes(v) for k, v in (files or {}).items()}
+            all_files[name] = program.encode("utf-8")
+            for rel, data in all_files.items():
+                fd = os.memfd_create("agentgym-file", 0)
+                os.write(fd, data)
+                os.lseek(fd, 0, os.SEEK_SET)
+                memfds.append(fd)
+                parent = os.path.dirname(rel)
+                if parent:
+                    args += ["--dir", f"/work/{parent}"]
+                args += ["--file", str(fd), f"/work/{rel}"]
+            if language == "bash":
+                args += ["/bin/bash", f"/work/{name}"]
+            else:
+                args += [self.python, "-I", f"/work/{name}"]
+            try:
+                proc = subprocess.Popen(
+                    args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=memfds,
+                    preexec_fn=make_preexec(uid=uid, timeout_s=timeout_s, memory_mb=memory_mb, nproc=self.nproc,
+                                            file_mb=self.file_mb))
+            except OSError as e:
+                raise SandboxError(f"could not start bwrap: {e}") from e
+        finally:
+            for fd in memfds:
+                os.close(fd)
+        cap = communicate(proc, stdin=as_bytes(stdin), timeout_s=timeout_s, max_output_bytes=max_output_bytes,
+                          kill=lambda: killpg(proc.pid))
+        res = result_from(cap, self.name)
+        if res.exit_code is not None and res.exit_code > 0 and cap.stderr.startswith(b"bwrap:"):
+            raise SandboxError(f"bwrap failed: {cap.stderr.decode(errors='replace').strip()}")
+        return res
+
+    # ------------------------------------------------------------------ warm
+    @contextlib.contextmanager
+    def _worker(self, timeout_s: float) -> Iterator[_Worker]:
+        if self._closed:
+            raise SandboxError("this BwrapSandbox is closed")
+        try:
+            w = self._pool.get(timeout=timeout_s + 30)
+        except queue.Empty:
+            raise SandboxError("no warm bwrap worker became free in time; raise workers=") from None
+        try:
+            if w is None or not w.alive():
+                if w is not None:
+                    w.kill()
+                w = _Worker(self)
+                with self._lock:
+                    self._all.append(w)
+            yield w
+        finally:
+            if w is not None and not w.alive():
+                with self._lock:
+                    if w in self._all:
+                        self._all.remove(w)
+                w.kill()
+                w = None
+            self._pool.put(w)
+
+    def _run_warm(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                  timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult:
+        req = {
+            "program": program,
+            "language": language,
+            "stdin": base64.b64encode(as_bytes(stdin)).decode() if stdin else None,
+            "files": {check_relpath(k): base64.b64encode(as_bytes(v)).decode() for k, v in (files or {}).items()},
+            "timeout_s": float(timeout_s),
+            "memory_mb": int(memory_mb),
+            "max_output_bytes": int(max_output_bytes),
+            "nproc": self.nproc,
+            "file_mb": self.file_mb,
+            "fresh_interpreter": self.fresh_interpreter,
+        }
+        t0 = time.monotonic()
+        with self._worker(timeout_s) as w:
+            resp = w.request(req, timeout_s=timeout_s + 10.0)
+            if resp is None:  # the worker died or hung: replace it, report the run as failed
+                w.kill()
+                return ExecResult(stderr="sandbox worker died during the run", exit_code=None,
+                                  duration_s=time.monotonic() - t0, backend=self.name)
+        if resp.get("error") and "exit_code" not in resp:
+            raise SandboxError(f"warm bwrap worker failed: {resp['error']}")
+        if resp.get("error"):
+            raise SandboxError(f"warm bwrap worker could not set up the run: {resp['error']}")
+        stderr = str(resp["stderr"])
+        ec = resp["exit_code"]
+        exit_code = int(ec) if isinstance(ec, int) else None
+        timed_out = bool(resp["timed_out"])
+        return ExecResult(
+            stdout=str(resp["stdout"]),
+            stderr=stderr,
+            exit_code=exit_code,
+            timed_out=timed_out,
+            oom=looks_oom(exit_code, stderr) and not timed_out,
+            truncated=bool(resp["truncated"]),
+            duration_s=time.monotonic() - t0,
+            backend=self.name,
+        )
+
+
+def _check_language(language: str) -> None:
+    if language not in ("python", "bash"):
+        raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
