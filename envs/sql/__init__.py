@@ -1,0 +1,19 @@
+"""SQL environments: multi-turn text-to-SQL over sandboxed SQLite with execution-based rewards.
+
+``SQLEnv`` (generated databases), ``SpiderSQLEnv`` (Spider/BIRD layout) and ``AgentBenchSQLEnv``
+(AgentBench dbbench JSONL) live in :mod:`agentgym.envs.sql.env`; they load lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["AgentBenchSQLEnv", "SQLEnv", "SpiderSQLEnv"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import env
+
+        return getattr(env, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

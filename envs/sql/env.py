@@ -1,0 +1,633 @@
+"""Multi-turn text-to-SQL environments over sandboxed SQLite.
+
+The agent explores a database with ``execute_sql`` and ends the episode with ``submit``. Three
+task kinds decide how ``submit`` is scored:
+
+* ``query`` (built-in SELECT tasks, Spider/BIRD): **execution match**. ``submit(query=...)`` runs
+  the query on the episode database; reward 1 if its rows equal the gold query's rows as a
+  multiset (as a list when the gold query has ``ORDER BY``), numbers within a tolerance.
+* ``answer`` (AgentBench SELECT-like types): **answer match**. ``submit(answer=[...])`` is compared
+  with the label list after normalisation (trimmed, case-folded text; numbers within 0.01).
+  ``submit(query=...)`` also works: the result's cells, flattened row by row, are the answer.
+* ``state`` (INSERT/UPDATE/DELETE tasks): **table-state match**. The hash of every user table
+  after the episode must equal the hash after running the gold SQL on a fresh copy. Make the
+  changes with ``execute_sql`` and call ``submit()``, or pass the change as ``submit(query=...)``
+  (run once, just before the check).
+
+``submit`` always ends the episode. A submission that cannot be scored (the field the task needs
+is missing, or the submitted query fails) gets ``-format_penalty``; so does an unparseable turn.
+
+Each episode runs on its own in-memory copy of the database (:class:`~.db.EpisodeDB`), so nothing
+an agent does (``DROP``, ``UPDATE``, ``DELETE``) reaches the source or another episode. See
+:mod:`.db` for the safety rules (authorizer, size cap, per-query timeout, one statement per call).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from agentgym.core import AgentEnv
+from agentgym.errors import ConfigurationError, ValidationError
+from agentgym.tools import tool
+from agentgym.types import Message, TaskSpec
+
+from .db import (
+    EpisodeDB,
+    answers_match,
+    flatten_rows,
+    format_result,
+    has_order_by,
+    results_match,
+    snapshot_from_file,
+    snapshot_from_sql,
+)
+
+__all__ = ["AgentBenchSQLEnv", "BaseSQLEnv", "SQLEnv", "SpiderSQLEnv"]
+
+log = logging.getLogger(__name__)
+KINDS = ("query", "answer", "state")
+
+
+class BaseSQLEnv(AgentEnv):
+    """Shared episode logic: the sandboxed database, the two tools, scoring and the expert.
+
+    Subclasses implement :meth:`tasks` and :meth:`_snapshot` (the database bytes of a task).
+
+    Args:
+        timeout_s: Per-query deadline (sqlite progress handler); a query past it is stopped.
+        max_rows: Rows shown per ``execute_sql`` result.
+        max_chars: Characters shown per ``execute_sql`` result.
+        max_db_mb: Size cap of the episode database, in MiB.
+        show_schema: Put the ``CREATE`` statements in the opening message.
+        parser: ``hermes`` (default), ``json`` or ``react``.
+        format_penalty: Subtracted for an unparseable turn or an unscorable submission.
+    """
+
+    family = "sql"
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 5.0,
+        max_rows: int = 50,
+        max_chars: int = 4000,
+        max_db_mb: float = 64.0,
+        show_schema: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if timeout_s <= 0 or max_rows <= 0 or max_chars <= 0 or max_db_mb <= 0:
+            raise ConfigurationError("timeout_s, max_rows, max_chars and max_db_mb must be positive.")
+        self.timeout_s = float(timeout_s)
+        self.max_rows = int(max_rows)
+        self.max_chars = int(max_chars)
+        self.max_db_bytes = int(max_db_mb * 1024 * 1024)
+        self.show_schema = bool(show_schema)
+        self.db: EpisodeDB | None = None
+        self._gold_rows: dict[str, list[tuple[Any, ...]]] = {}
+        self._gold_state: dict[str, str] = {}
+        self._schema_text: dict[str, str] = {}
+        self._submitted: str | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def _snapshot(self, task: TaskSpec) -> bytes:
+        """The serialised source database of ``task``."""
+        raise NotImplementedError
+
+    def _question(self, task: TaskSpec) -> str:
+        return str(task.data["question"])
+
+    def _db_key(self, task: TaskSpec) -> str:
+        return str(task.data.get("db_id", task.task_id))
+
+    # ------------------------------------------------------------------ episode
+    def _new_db(self, task: TaskSpec) -> EpisodeDB:
+        return EpisodeDB(self._snapshot(task), timeout_s=self.timeout_s, max_db_bytes=self.max_db_bytes)
+
+    def system_prompt(self) -> str:
+        return (
+            "You answer questions about a SQLite database. Explore it with execute_sql (one SQL statement "
+            f"per call; results show at most {self.max_rows} rows and {self.max_chars} characters; each "
+            f"query is stopped after {self.timeout_s:g} s). The database is a private copy: changes affect "
+            "only this episode. When done, call submit exactly once; it ends the episode. "
+            + self.parser.format_instructions(self.tools)
+        )
+
+    def _instructions(self, kind: str) -> str:
+        if kind == "query":
+            return "When you are sure, call submit with query set to one SQL SELECT statement that answers the question."
+        if kind == "answer":
+            return ("When you are sure, call submit with answer set to the list of values that answer the question, "
+                    'e.g. {"answer": ["42"]}.')
+        return ("Make the requested change with execute_sql, then call submit with no arguments "
+                "(or pass the change itself as query).")
+
+    def _reset_task(self, task: TaskSpec) -> list[Message]:
+        if self.db is not None:
+            self.db.close()
+        kind = task.data.get("kind", "query")
+        if kind not in KINDS:
+            raise ValidationError(f"task {task.task_id!r} has kind {kind!r}; expected one of {KINDS}.")
+        self.db = self._new_db(task)
+        self._submitted = None
+        if kind == "query" and task.task_id not in self._gold_rows:
+            res = self.db.run(str(task.data["sql"]))
+            if not res.ok:
+                raise ValidationError(f"gold SQL of task {task.task_id!r} fails: {res.error}")
+            self._gold_rows[task.task_id] = res.rows
+        parts = []
+        if self.show_schema:
+            key = self._db_key(task)
+            if key not in self._schema_text:
+                rows = self.db.conn.execute(
+                    "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
+                    "ORDER BY CASE type WHEN 'table' THEN 0 ELSE 1 END, rowid").fetchall()
+                self._schema_text[key] = "\n".join(r[0].strip() + ";" for r in rows)
+            parts.append("Database schema:\n" + self._schema_text[key])
+        parts.append("Question: " + self._question(task))
+        parts.append(self._instructions(kind))
+        return [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        super().close()
+
+    # ------------------------------------------------------------------ tools
+    @tool
+    def execute_sql(self, query: str) -> str:
+        """Run one SQLite statement on your private copy of the database.
+
+        Args:
+            query: Exactly one SQL statement (SELECT, or INSERT/UPDATE/DELETE/CREATE to change the copy).
+
+        Returns:
+            The result as a table with a row count (at most max_rows rows and max_chars characters; a note
+            says when output was cut), "OK. N row(s) affected." for a change, or "Error: ..." for a failed,
+            timed-out or disallowed statement.
+        """
+        db = self._require_db()
+        res = db.run(query, max_rows=self.max_rows)
+        self.count("sql_queries")
+        if not res.ok:
+            self.count("sql_errors")
+            if res.timed_out:
+                self.count("sql_timeouts")
+        return format_result(res, max_rows=self.max_rows, max_chars=self.max_chars)
+
+    @tool
+    def submit(self, query: str | None = None, answer: list[str | int | float | None] | None = None) -> str:
+        """Submit your final result; this ends the episode.
+
+        Args:
+            query: For question tasks, one SELECT statement whose result answers the question. For change
+                tasks, an optional change to run before the check.
+            answer: For tasks that ask for values, the list of answer values.
+
+        Returns:
+            Whether the submission was correct.
+        """
+        task = self._require_task()
+        kind = task.data.get("kind", "query")
+        self.count("submissions")
+        try:
+            ok, note = self._score(task, kind, query, answer)
+        except _Unscorable as e:
+            self.count("bad_submissions")
+            self.finish(-self.format_penalty, False)
+            return f"Submission not accepted: {e} The episode is over."
+        self.finish(1.0 if ok else 0.0, ok)
+        return ("Correct." if ok else "Incorrect.") + (f" {note}" if note else "")
+
+    # ------------------------------------------------------------------ scoring
+    def _score(self, task: TaskSpec, kind: str, query: str | None, answer: Sequence[Any] | None) -> tuple[bool, str]:
+        db = self._require_db()
+        query = query.strip() if isinstance(query, str) else None
+        if kind == "answer" and query and query.startswith("[") and answer is None:
+            try:  # react-style submit[["a", "b"]]
+                parsed = json.loads(query)
+            except json.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, list):
+                answer, query = parsed, None
+        if kind == "query":
+            if not query:
+                raise _Unscorable("this task is scored by execution match; pass query='SELECT ...'.")
+            res = db.run(query)
+            if not res.ok:
+                raise _Unscorable(f"the submitted query failed: {res.error}.")
+            gold = self._gold_rows[task.task_id]
+            return results_match(res.rows, gold, ordered=has_order_by(str(task.data["sql"]))), ""
+        if kind == "answer":
+            if answer is None:
+                if not query:
+                    raise _Unscorable("this task is scored by answer match; pass answer=[...].")
+                res = db.run(query)
+                if not res.ok:
+                    raise _Unscorable(f"the submitted query failed: {res.error}.")
+                answer = flatten_rows(res.rows)
+            label = task.data.get("label")
+            labels = label if isinstance(label, list) else [label]
+            return answers_match(list(answer), labels), ""
+        # state
+        if query:
+            res = db.run(query)
+            if not res.ok:
+                raise _Unscorable(f"the submitted change failed: {res.error}.")
+        return db.state_hash() == self._gold_state_hash(task), ""
+
+    def _gold_state_hash(self, task: TaskSpec) -> str:
+        h = self._gold_state.get(task.task_id)
+        if h is None:
+            ref = self._new_db(task)
+            try:
+                res = ref.run(str(task.data["sql"]))
+                if not res.ok:
+                    raise ValidationError(f"gold SQL of task {task.task_id!r} fails: {res.error}")
+                h = ref.state_hash()
+            finally:
+                ref.close()
+            self._gold_state[task.task_id] = h
+        return h
+
+    def _require_db(self) -> EpisodeDB:
+        if self.db is None:
+            raise ConfigurationError("no database: call reset() first")
+        return self.db
+
+    def _require_task(self) -> TaskSpec:
+        if self.task is None:
+            raise ConfigurationError("no task: call reset() first")
+        return self.task
+
+    # ------------------------------------------------------------------ expert
+    def expert_action(self) -> str | None:
+        """The oracle: submits the gold SQL (query and change tasks) or the gold answer."""
+        if self.task is None or self.done:
+            return None
+        kind = self.task.data.get("kind", "query")
+        if kind == "answer":
+            label = self.task.data.get("label")
+            args: dict[str, Any] = {"answer": label if isinstance(label, list) else [label]}
+        else:
+            args = {"query": str(self.task.data["sql"])}
+        if self.parser.name == "react":
+            arg = json.dumps(args["answer"]) if "answer" in args else args["query"]
+            return f"Action: submit[{arg}]"
+        call = {"name": "submit", "arguments": args}
+        if self.parser.name == "json":
+            return json.dumps(call)
+        return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+class _Unscorable(Exception):
+    """A submission that cannot be scored (missing field, failing query)."""
+
+
+# ---------------------------------------------------------------------------- built-in
+
+
+class SQLEnv(BaseSQLEnv):
+    """Generated text-to-SQL tasks over six realistic schemas (see :mod:`.tasks`).
+
+    ``train`` (hr, library, retail, university) and ``test`` (flights, clinic) use disjoint
+    schemas. Tasks span filters, joins, aggregation, group-by/having, ordering, nested queries and
+    INSERT/UPDATE/DELETE.
+
+    Args:
+        seed: Data and template seed (the same seed gives the same databases and tasks).
+        variants: Parameter draws per template and column (more gives more tasks).
+        task_types: Keep only these task types (e.g. ``["join", "nested"]``); ``None`` keeps all.
+    """
+
+    def __init__(self, seed: int = 0, variants: int = 5, task_types: Sequence[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.data_seed = int(seed)
+        self.variants = int(variants)
+        self.task_types = tuple(task_types) if task_types else None
+
+    def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
+        from .tasks import generate_tasks
+
+        if split not in self.splits:
+            return []
+        tasks = generate_tasks(split, self.data_seed, self.variants)
+        if self.task_types:
+            tasks = [t for t in tasks if t.task_type in self.task_types]
+        return tasks
+
+    def _snapshot(self, task: TaskSpec) -> bytes:
+        from .tasks import builtin_db
+
+        return builtin_db(str(task.data["db_id"]), int(task.data.get("seed", self.data_seed))).snapshot
+
+
+# ---------------------------------------------------------------------------- file-backed
+
+class _SnapshotCache:
+    """An LRU of database snapshots bounded by total bytes (shared by an env's episodes)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, load: Any) -> bytes:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        data: bytes = load()
+        with self._lock:
+            self._items[key] = data
+            total = sum(len(v) for v in self._items.values())
+            while total > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                total -= len(old)
+        return data
+
+
+def _need_path(path: str | os.PathLike[str] | None, env_name: str, what: str) -> Path:
+    if path is None or str(path) == "":
+        raise ConfigurationError(
+            f"{env_name} needs path=: {what}. Example: agentgym.make('agentgym/{env_name}', path='/data/...')."
+        )
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigurationError(f"{env_name}: path {str(p)!r} does not exist ({what}).")
+    return p
+
+
+class SpiderSQLEnv(BaseSQLEnv):
+    """Spider or BIRD tasks scored by execution match.
+
+    Reads the standard layout under ``path``: question files with ``db_id``, ``question`` and
+    ``query`` (Spider) or ``SQL`` plus optional ``evidence`` (BIRD), and databases at
+    ``<db_dir>/<db_id>/<db_id>.sqlite``. ``tables.json`` is optional (it is only checked for
+    ``db_id`` names). Source database files are opened read-only and copied into memory.
+
+    Args:
+        path: The dataset folder (e.g. ``spider/`` or BIRD's ``dev/``).
+        split_files: Split name -> question files (relative to ``path``). Default: ``train`` from
+            ``train_spider.json``/``train_others.json``/``train.json`` and ``test`` from ``dev.json``;
+            splits with no file are left out.
+        db_dirs: Folders searched for databases (default ``database``, ``dev_databases``, ``train_databases``,
+            ``test_database``).
+        cache_mb: Bound on the in-memory snapshot cache.
+    """
+
+    DEFAULT_SPLITS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "train": ("train_spider.json", "train_others.json", "train.json"),
+        "test": ("dev.json",),
+    }
+    DEFAULT_DB_DIRS = ("database", "dev_databases", "train_databases", "test_database")
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        split_files: dict[str, Sequence[str]] | None = None,
+        db_dirs: Sequence[str] | None = None,
+        cache_mb: float = 512.0,
+        **kwargs: Any,
+    ) -> None:
+        root = _need_path(path, "SQL-Spider-v0", "a Spider/BIRD folder with dev.json and database/<db_id>/<db_id>.sqlite")
+        if not root.is_dir():
+            raise ConfigurationError(f"SQL-Spider-v0: path {str(root)!r} must be a folder.")
+        super().__init__(**kwargs)
+        self.root = root
+        self._cache = _SnapshotCache(int(cache_mb * 1024 * 1024))
+        dirs = [root / d for d in (db_dirs or self.DEFAULT_DB_DIRS)]
+        known_ids: set[str] | None = None
+        if (root / "tables.json").exists():
+            known_ids = {str(t["db_id"]) for t in _read_json(root / "tables.json")}
+        self._tasks: dict[str, list[TaskSpec]] = {}
+        self._db_paths: dict[str, Path] = {}
+        for split, files in (split_files or self.DEFAULT_SPLITS).items():
+            found = [root / f for f in files if (root / f).exists()]
+            if not found:
+                continue
+            items: list[TaskSpec] = []
+            for f in found:
+                for i, ex in enumerate(_read_json(f)):
+                    items.append(self._make_task(split, f.stem, i, ex, dirs, known_ids))
+            self._tasks[split] = items
+        if not self._tasks:
+            wanted = sorted({f for fs in (split_files or self.DEFAULT_SPLITS).values() for f in fs})
+            raise ConfigurationError(f"SQL-Spider-v0: no question file under {str(root)!r}; looked for {', '.join(wanted)}.")
+        self.splits = tuple(self._tasks)  # type: ignore[misc]
+        self.default_split = "train" if "train" in self._tasks else self.splits[0]  # type: ignore[misc]
+
+    def _make_task(self, split: str, stem: str, i: int, ex: Any, dirs: list[Path], known: set[str] | None) -> TaskSpec:
+        where = f"{stem}.json item {i}"
+        if not isinstance(ex, dict):
+            raise ValidationError(f"SQL-Spider-v0: {where} is not an object.")
+        sql = ex.get("query", ex.get("SQL"))
+        db_id, question = ex.get("db_id"), ex.get("question")
+        if not isinstance(sql, str) or not isinstance(db_id, str) or not isinstance(question, str):
+            raise ValidationError(f"SQL-Spider-v0: {where} needs string fields db_id, question and query (or SQL).")
+        if known is not None and db_id not in known:
+            raise ValidationError(f"SQL-Spider-v0: {where} names db_id {db_id!r}, which tables.json does not list.")
+        if db_id not in self._db_paths:
+            cands = [d / db_id / f"{db_id}.sqlite" for d in dirs]
+            hit = next((c for c in cands if c.exists()), None)
+            if hit is None:
+                raise ValidationError(f"SQL-Spider-v0: no database for {db_id!r}; looked at {', '.join(map(str, cands))}.")
+            self._db_paths[db_id] = hit
+        evidence = ex.get("evidence") or ""
+        q = question.strip() + (f"\nEvidence: {evidence.strip()}" if evidence else "")
+        return TaskSpec(f"{stem}-{i}", split, "spider", {"db_id": db_id, "question": q, "sql": sql, "kind": "query"})
+
+    def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
+        return self._tasks.get(split, [])
+
+    def _snapshot(self, task: TaskSpec) -> bytes:
+        db_id = str(task.data["db_id"])
+        return self._cache.get(db_id, lambda: snapshot_from_file(str(self._db_paths[db_id])))
+
+
+def _read_json(path: Path) -> list[Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValidationError(f"cannot read {str(path)!r}: {e}") from e
+    if not isinstance(data, list):
+        raise ValidationError(f"{str(path)!r} must hold a JSON list.")
+    return data
+
+
+MODIFY = ("INSERT", "UPDATE", "DELETE")
+
+
+class AgentBenchSQLEnv(BaseSQLEnv):
+    """AgentBench DB-Bench (dbbench) tasks, each with its own table(s) built in SQLite.
+
+    Reads a JSONL file (one task per line; a ``.json`` list also works) with ``description``,
+    ``label``, ``table`` (``table_name`` and ``table_info`` with ``columns`` ``[{"name", "type"}]``
+    and ``rows``; or a list of such tables), ``type`` (a string or one-item list), ``sql``
+    (``{"query": ...}`` or a string) and optional ``add_description``/``evidence``.
+
+    ``type`` decides scoring: ``INSERT``/``UPDATE``/``DELETE`` use table-state match against the
+    gold ``sql`` run on a fresh copy (AgentBench's MySQL ``answer_md5`` cannot be reproduced in
+    SQLite, so such a task without ``sql`` is skipped with a log message); every other type
+    (``SELECT``, ``counting``, ``ranking``, ``aggregation-*``...) uses answer match on ``label``.
+
+    Column types: AgentBench builds every column as ``TEXT`` in MySQL, whose comparisons then cast
+    to numbers. SQLite does not, so a column whose values are all integers (or all numbers) is
+    declared ``INTEGER`` (``REAL``) here; anything else stays ``TEXT``.
+
+    Args:
+        path: The JSONL (or JSON) file.
+        split: The split name its tasks get (default ``test``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, split: str = "test", **kwargs: Any) -> None:
+        p = _need_path(path, "SQL-AgentBench-v0", "an AgentBench dbbench JSONL file (e.g. dbbench/standard.jsonl)")
+        if p.is_dir():
+            raise ConfigurationError(f"SQL-AgentBench-v0: path {str(p)!r} is a folder; pass the JSONL file.")
+        super().__init__(**kwargs)
+        self.path = p
+        self.splits = (split,)  # type: ignore[misc]
+        self.default_split = split  # type: ignore[misc]
+        self._tasks = self._load(p, split)
+        if not self._tasks:
+            raise ConfigurationError(f"SQL-AgentBench-v0: {str(p)!r} holds no usable task.")
+        self._cache = _SnapshotCache(256 * 1024 * 1024)
+
+    @staticmethod
+    def _entries(p: Path) -> list[Any]:
+        text = p.read_text(encoding="utf-8")
+        if p.suffix == ".json":
+            data = json.loads(text)
+            return data if isinstance(data, list) else [data]
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValidationError(f"SQL-AgentBench-v0: {p.name} line {n} is not JSON: {e}") from e
+        return out
+
+    def _load(self, p: Path, split: str) -> list[TaskSpec]:
+        tasks: list[TaskSpec] = []
+        for i, e in enumerate(self._entries(p)):
+            where = f"{p.name} entry {i}"
+            if not isinstance(e, dict) or "description" not in e or "table" not in e:
+                raise ValidationError(f"SQL-AgentBench-v0: {where} needs 'description' and 'table'.")
+            typ = e.get("type", "SELECT")
+            typ = str(typ[0] if isinstance(typ, list) and typ else typ)
+            sql = e.get("sql")
+            sql = sql.get("query") if isinstance(sql, dict) else sql
+            tables = e["table"] if isinstance(e["table"], list) else [e["table"]]
+            script = _tables_script(tables, where)
+            data: dict[str, Any] = {
+                "question": str(e["description"]), "add_description": str(e.get("add_description") or ""),
+                "evidence": str(e.get("evidence") or ""), "type": typ, "script": script,
+                "tables": [str(t["table_name"]) for t in tables],
+            }
+            if isinstance(sql, str):
+                data["sql"] = sql
+            if typ.upper() in MODIFY:
+                if not isinstance(sql, str):
+                    log.info("SQL-AgentBench-v0: skipping %s: %s task without sql.query", where, typ)
+                    continue
+                data["kind"] = "state"
+            else:
+                label = e.get("label")
+                if label is None:
+                    raise ValidationError(f"SQL-AgentBench-v0: {where} ({typ}) has no 'label'.")
+                data["label"] = [str(x) if x is not None else None for x in (label if isinstance(label, list) else [label])]
+                data["kind"] = "answer"
+            tasks.append(TaskSpec(f"dbbench-{i}", split, typ.lower(), data))
+        return tasks
+
+    def tasks(self, split: str = "test") -> Sequence[TaskSpec]:
+        return self._tasks if split in self.splits else []
+
+    def _question(self, task: TaskSpec) -> str:
+        d = task.data
+        q = ""
+        if d.get("evidence"):
+            q += f"Evidence about the question: {d['evidence']}\n"
+        if d.get("add_description"):
+            q += f"Additional table information about the question: {d['add_description']}\n"
+        return q + str(d["question"])
+
+    def _snapshot(self, task: TaskSpec) -> bytes:
+        return self._cache.get(task.task_id, lambda: snapshot_from_sql(str(task.data["script"])))
+
+
+def _column_type(values: list[Any]) -> str:
+    vals = [v for v in values if v is not None and str(v).strip() != ""]
+    if not vals:
+        return "TEXT"
+
+    def is_int(v: Any) -> bool:
+        if isinstance(v, bool):
+            return False
+        if isinstance(v, int):
+            return True
+        s = str(v).strip()
+        return s.lstrip("+-").isdigit() and not (len(s.lstrip("+-")) > 1 and s.lstrip("+-").startswith("0"))
+
+    def is_num(v: Any) -> bool:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return True
+        try:
+            float(str(v))
+        except ValueError:
+            return False
+        return str(v).strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity")
+
+    if all(is_int(v) for v in vals):
+        return "INTEGER"
+    if all(is_num(v) for v in vals):
+        return "REAL"
+    return "TEXT"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_value(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _tables_script(tables: list[Any], where: str) -> str:
+    out = ["BEGIN;"]
+    for t in tables:
+        try:
+            name = str(t["table_name"])
+            cols = [str(c["name"]) for c in t["table_info"]["columns"]]
+            rows = t["table_info"]["rows"]
+        except (KeyError, TypeError) as e:
+            raise ValidationError(f"SQL-AgentBench-v0: {where}: table needs table_name and table_info "
+                                  f"{{columns: [{{name, type}}], rows}} ({e}).") from e
+        if any(len(r) != len(cols) for r in rows):
+            raise ValidationError(f"SQL-AgentBench-v0: {where}: table {name!r} has a row whose length differs "
+                                  f"from its {len(cols)} columns.")
+        types = [_column_type([r[j] for r in rows]) for j in range(len(cols))]
+        out.append(f"CREATE TABLE {_ident(name)} (" + ", ".join(f"{_ident(c)} {ty}" for c, ty in zip(cols, types, strict=True)) + ");")
+        for r in rows:
+            out.append(f"INSERT INTO {_ident(name)} VALUES (" + ", ".join(_sql_value(v) for v in r) + ");")
+    out.append("COMMIT;")
+    return "\n".join(out)
