@@ -334,7 +334,8 @@ async def run_episode(
                 break
             if truncated:
                 traj.truncated = True
-                traj.info["truncated_reason"] = "env_limit"
+                at_limit = limits.max_turns is not None and len(traj.turns) >= limits.max_turns
+                traj.info["truncated_reason"] = "max_turns" if at_limit else "env_limit"
                 break
             stage = "rollout"
             conv.observe(obs)

@@ -1,0 +1,475 @@
+"""Standardized evaluation: a recorded protocol, resumable per-episode JSONL and a summary.
+
+:func:`run_eval` (or :func:`arun_eval` inside a running loop) evaluates one policy over one or
+more envs. For every env it takes ``tasks`` tasks of ``split`` (spread evenly over the split's
+stable task order), and runs ``samples`` episodes of each task for every seed in ``seeds``. An
+episode's env seed is the eval seed; its sampling seed is derived from (seed, task index, sample).
+
+Output directory:
+
+* ``episodes.jsonl``: one full trajectory per finished episode, appended as it finishes. On a rerun
+  with the same protocol, finished episodes are skipped (episodes that ended with an error are run
+  again unless ``retry_errors=False``); the last record of an episode wins.
+* ``summary.json``: per env and overall: success rate and mean reward with 95% CI over seeds,
+  unbiased pass@k, turns, tokens, parse errors, truncation reasons, timings, success by task type
+  and by number of turns, and the full protocol (env and policy versions, template, parser,
+  history mode, limits, sampling, seeds). Rewritten at the end and when interrupted
+  (``"complete": false``).
+* ``run.json``: the protocol fingerprint used to refuse resuming with different settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import platform
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import agentgym
+from agentgym.errors import ConfigurationError
+from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
+from agentgym.policy import Policy, SamplingParams
+from agentgym.rollout.engine import RolloutEngine
+from agentgym.rollout.episode import TokenMode, uses_tokens
+from agentgym.rollout.jsonl import append_jsonl, iter_jsonl
+from agentgym.rollout.runtime import RolloutLimits, RolloutRuntime
+from agentgym.rollout.workflow import GroupRequest, MultiTurnWorkflow
+from agentgym.types import TaskSpec, Trajectory
+
+__all__ = ["EPISODES_FILE", "SUMMARY_FILE", "EvalConfig", "arun_eval", "episode_key", "load_episodes",
+           "run_eval", "select_tasks", "summarize"]
+
+EPISODES_FILE = "episodes.jsonl"
+SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"
+ProgressFn = Callable[[int, int, Trajectory | None], None]
+
+
+@dataclass
+class EvalConfig:
+    """The evaluation protocol (everything that changes the numbers is recorded).
+
+    Attributes:
+        envs: Env ids.
+        split: Task split (``"test"``...); must exist in every env.
+        tasks: Tasks per env (``None``: the whole split). Chosen evenly spread over the split.
+        samples: Episodes per task and seed (K of pass@k).
+        seeds: Env/sampling seeds; CIs are computed over seeds.
+        max_turns: Policy turns per episode (``None``: the env's registered limit).
+        max_total_tokens / max_wall_s: Further per-episode limits (truncate).
+        max_tokens / temperature / top_p: Sampling per turn.
+        concurrency: Episodes in flight.
+        parser: Override the env's action parser (``hermes``/``json``/``react``).
+        history_window: Keep only the last N turns in the prompt (message mode); ``None``: full.
+        token_mode: ``"auto"`` (token-exact sessions when the policy supports them), ``"on"``, ``"off"``.
+        env_kwargs: Extra constructor kwargs for every env.
+        retry_errors: On resume, rerun episodes that ended with an error.
+        policy_spec: The spec string the policy came from (recorded only).
+    """
+
+    envs: list[str]
+    split: str = "test"
+    tasks: int | None = None
+    samples: int = 1
+    seeds: list[int] = field(default_factory=lambda: [0])
+    max_turns: int | None = None
+    max_total_tokens: int | None = None
+    max_wall_s: float | None = None
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    concurrency: int = 16
+    parser: str | None = None
+    history_window: int | None = None
+    token_mode: TokenMode = "auto"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    retry_errors: bool = True
+    policy_spec: str | None = None
+    policy_timeout_s: float = 600.0
+    env_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        if not self.envs:
+            raise ConfigurationError("give at least one env id (--env agentgym/Demo-v0).")
+        if self.tasks is not None and self.tasks < 1:
+            raise ConfigurationError(f"--tasks must be >= 1, got {self.tasks}.")
+        if self.samples < 1:
+            raise ConfigurationError(f"--samples must be >= 1, got {self.samples}.")
+        if not self.seeds:
+            raise ConfigurationError("give at least one seed (--seeds 0,1,2).")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigurationError(f"seeds must be distinct, got {self.seeds}.")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ConfigurationError(f"--max-turns must be >= 1, got {self.max_turns}.")
+        if self.max_tokens < 1:
+            raise ConfigurationError(f"--max-tokens must be >= 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ConfigurationError(f"--temperature must be >= 0, got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigurationError(f"--top-p must be in (0, 1], got {self.top_p}.")
+        if self.concurrency < 1:
+            raise ConfigurationError(f"--concurrency must be >= 1, got {self.concurrency}.")
+        if self.history_window is not None and self.history_window < 0:
+            raise ConfigurationError("--history must be 'full' or a non-negative number of turns.")
+        if self.parser is not None:
+            from agentgym.parsers import list_parsers
+
+            if self.parser not in list_parsers():
+                raise ConfigurationError(f"unknown parser {self.parser!r}; choose one of {', '.join(list_parsers())}.")
+        RolloutLimits(self.max_turns, self.max_total_tokens, self.max_wall_s, self.env_timeout_s,
+                      self.policy_timeout_s)
+
+    def limits(self) -> RolloutLimits:
+        return RolloutLimits(self.max_turns, self.max_total_tokens, self.max_wall_s, self.env_timeout_s,
+                             self.policy_timeout_s)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings that must match to resume into the same directory."""
+        d = asdict(self)
+        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s"):
+            d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
+        return d
+
+
+def episode_key(env_id: str, task_id: str, seed: int | None, sample: int) -> str:
+    return f"{env_id}|{task_id}|seed={seed}|sample={sample}"
+
+
+def select_tasks(pool: Sequence[TaskSpec], n: int | None) -> list[TaskSpec]:
+    """``n`` tasks spread evenly over ``pool`` (stable order); all of them if ``n`` is None or larger."""
+    if n is None or n >= len(pool):
+        return list(pool)
+    return [pool[(i * len(pool)) // n] for i in range(n)]
+
+
+def load_episodes(out: str | Path) -> dict[str, Trajectory]:
+    """The last record of every episode in ``out/episodes.jsonl`` (by eval key)."""
+    path = Path(out) / EPISODES_FILE
+    latest: dict[str, Trajectory] = {}
+    if path.exists():
+        for t in iter_jsonl(path):
+            key = t.info.get("eval_key")
+            if isinstance(key, str):
+                latest[key] = t
+    return latest
+
+
+def _describe_policy(policy: Policy, spec: str | None) -> dict[str, Any]:
+    d: dict[str, Any] = {"spec": spec, "policy_id": policy.policy_id,
+                         "class": f"{type(policy).__module__}.{type(policy).__qualname__}",
+                         "token_in_token_out": uses_tokens(policy)}
+    describe = getattr(policy, "describe", None)
+    if callable(describe):
+        try:
+            extra = describe()
+            if isinstance(extra, dict):
+                d.update({k: v for k, v in extra.items() if _jsonable(v)})
+        except Exception as e:  # describing must never break an eval
+            d["describe_error"] = str(e)
+    for attr in ("model_id", "model_name", "model_path", "revision", "dtype", "device", "weight_version",
+                 "backend", "version", "base_url"):
+        v = getattr(policy, attr, None)
+        if v is not None and attr not in d and _jsonable(v):
+            d[attr] = v if isinstance(v, (int, float, bool)) else str(v)
+    tok = getattr(policy, "tokenizer", None)
+    template = getattr(tok, "chat_template", None) if tok is not None else None
+    if isinstance(template, str):
+        d["chat_template_sha1"] = hashlib.sha1(template.encode()).hexdigest()[:12]
+    return d
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int) -> dict[str, Any]:
+    from agentgym.registration import env_entry
+
+    e = env_entry(env_id)
+    inner = env.unwrapped
+    return {
+        "id": env_id,
+        "version": env_id.rsplit("-v", 1)[-1] if "-v" in env_id else None,
+        "entry_point": e.entry_point,
+        "class": f"{type(inner).__module__}.{type(inner).__qualname__}",
+        "family": e.family,
+        "plugin": e.plugin or None,
+        "max_episode_steps": getattr(getattr(env, "spec", None), "max_episode_steps", None),
+        "parser": getattr(getattr(inner, "parser", None), "name", None),
+        "tools": list(inner.tools.names) if getattr(inner, "tools", None) is not None else [],
+        "split": split,
+        "split_size": pool_size,
+        "task_ids": [t.task_id for t in chosen],
+    }
+
+
+def _make_env(env_id: str, config: EvalConfig) -> Any:
+    from agentgym.registration import make
+
+    kw = dict(config.env_kwargs)
+    if config.parser is not None:
+        kw["parser"] = config.parser
+    if config.max_turns is not None:
+        kw["max_episode_steps"] = config.max_turns
+    return make(env_id, **kw)
+
+
+async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
+                    progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Async :func:`run_eval`."""
+    config.validate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    from agentgym.registration import env_entry
+
+    env_ids = [env_entry(e).id for e in config.envs]  # UnknownEnvError with a did-you-mean
+    if len(set(env_ids)) != len(env_ids):
+        raise ConfigurationError(f"an env is listed twice: {config.envs}.")
+    _check_resume(out, config)
+    t_start = time.monotonic()
+    runtime = RolloutRuntime(max_concurrency=config.concurrency,
+                             env_factory=lambda eid: _make_env(eid, config))
+    protocol: dict[str, Any] = {}
+    try:
+        envs_proto: dict[str, Any] = {}
+        plan: list[tuple[str, int, TaskSpec]] = []
+        for env_id in env_ids:
+            async with runtime.env(env_id, timeout=config.env_timeout_s) as env:
+                inner = env.unwrapped
+                splits = getattr(inner, "splits", None)
+                if splits is not None and config.split not in splits:
+                    raise ConfigurationError(
+                        f"{env_id} has no split {config.split!r}; its splits are: {', '.join(splits)}.")
+                pool = list(await runtime.call(inner.tasks, config.split, timeout=config.env_timeout_s))
+                if not pool:
+                    raise ConfigurationError(f"{env_id} split {config.split!r} has no tasks.")
+                chosen = select_tasks(pool, config.tasks)
+                envs_proto[env_id] = _env_protocol(env_id, env, config.split, chosen, len(pool))
+                plan += [(env_id, i, t) for i, t in enumerate(chosen)]
+        protocol = _protocol(policy, config, envs_proto)
+        (out / RUN_FILE).write_text(json.dumps({"fingerprint": config.fingerprint(), "protocol": protocol},
+                                               indent=2, default=str))
+        done = load_episodes(out)
+        finished = {k for k, t in done.items() if t.error is None or not config.retry_errors}
+        requests: list[GroupRequest] = []
+        for seed in config.seeds:
+            for env_id, ti, task in plan:
+                for s in range(config.samples):
+                    key = episode_key(env_id, task.task_id, seed, s)
+                    if key in finished:
+                        continue
+                    requests.append(GroupRequest(
+                        env_id, task.task_id, seed=seed, group_id=key,
+                        sampling_seed=(seed * 100_003 + ti * 101 + s) % (2**31 - 1),
+                        info={"eval_key": key, "sample": s, "task_index": ti, "split": config.split}))
+        total = len(plan) * len(config.seeds) * config.samples
+        n_done = total - len(requests)
+        if progress is not None:
+            progress(n_done, total, None)
+        wf = MultiTurnWorkflow(policy, 1, sampling=config.sampling(), limits=config.limits(),
+                               token_mode=config.token_mode, history_window=config.history_window)
+        path = out / EPISODES_FILE
+
+        def on_group(req: GroupRequest, trajs: list[Trajectory]) -> None:
+            nonlocal n_done
+            for t in trajs:
+                t.info.update(req.info)
+                t.info["eval_key"] = req.info["eval_key"]
+            append_jsonl(path, trajs)
+            n_done += len(trajs)
+            if progress is not None:
+                for t in trajs:
+                    progress(n_done, total, t)
+
+        complete = False
+        try:
+            await RolloutEngine(runtime).run(wf, requests, on_group=on_group)
+            complete = True
+        finally:
+            summary = summarize(load_episodes(out).values(), config, protocol, plan_keys=_plan_keys(plan, config))
+            summary["complete"] = complete
+            summary["run_wall_s"] = time.monotonic() - t_start
+            (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
+        return summary
+    finally:
+        runtime.close(wait=False)
+
+
+def run_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
+             progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Evaluate ``policy`` under ``config`` into ``out``; returns the summary dict.
+
+    Example::
+
+        from agentgym.eval import EvalConfig, run_eval
+        from agentgym.policies.scripted import ExpertPolicy
+        s = run_eval(ExpertPolicy(), EvalConfig(["agentgym/Demo-v0"], tasks=5), "runs/demo-expert")
+        s["envs"]["agentgym/Demo-v0"]["success"]["mean"]
+    """
+    return asyncio.run(arun_eval(policy, config, out, progress=progress))
+
+
+def _plan_keys(plan: list[tuple[str, int, TaskSpec]], config: EvalConfig) -> set[str]:
+    return {episode_key(e, t.task_id, seed, s) for seed in config.seeds for e, _, t in plan
+            for s in range(config.samples)}
+
+
+def _check_resume(out: Path, config: EvalConfig) -> None:
+    run = out / RUN_FILE
+    if not run.exists():
+        return
+    try:
+        prev = json.loads(run.read_text()).get("fingerprint", {})
+    except (json.JSONDecodeError, OSError):
+        return
+    mine = json.loads(json.dumps(config.fingerprint(), default=str))
+    diff = sorted(k for k in set(prev) | set(mine) if prev.get(k) != mine.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: {prev.get(k)!r} -> {mine.get(k)!r}" for k in diff)
+        raise ConfigurationError(
+            f"{out} holds a run with a different protocol ({detail}). Resuming would mix results: "
+            "use another --out directory, or delete this one to start over.")
+
+
+def _protocol(policy: Policy, config: EvalConfig, envs: dict[str, Any]) -> dict[str, Any]:
+    token = uses_tokens(policy, config.token_mode)
+    pol = _describe_policy(policy, config.policy_spec)
+    return {
+        "agentgym_version": agentgym.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "command": " ".join(sys.argv) if sys.argv and "agentgym" in sys.argv[0] else None,
+        "envs": envs,
+        "policy": pol,
+        "template": ("policy's own chat template" + (f" (sha1 {pol['chat_template_sha1']})"
+                                                     if "chat_template_sha1" in pol else ""))
+        if token or "chat_template_sha1" in pol else "none (policy consumes messages)",
+        "parser": {e: v["parser"] for e, v in envs.items()},
+        "parser_override": config.parser,
+        "history": "full" if config.history_window is None or token else f"last {config.history_window} turns",
+        "token_mode": "token-exact session" if token else "messages",
+        "limits": config.limits().to_dict(),
+        "max_turns": {e: (config.max_turns or v["max_episode_steps"]) for e, v in envs.items()},
+        "sampling": asdict(config.sampling()),
+        "sampling_seed": "derived from (seed, task index, sample)",
+        "seeds": list(config.seeds),
+        "samples": config.samples,
+        "split": config.split,
+        "tasks": config.tasks,
+        "task_selection": "evenly spread over the split's stable order",
+        "env_kwargs": config.env_kwargs,
+    }
+
+
+def _ks(samples: int) -> list[int]:
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= samples]
+    if samples not in ks:
+        ks.append(samples)
+    return ks
+
+
+def _block(trajs: list[Trajectory], seeds: Sequence[int], samples: int) -> dict[str, Any]:
+    """Summary statistics of one env's (or all envs') episodes."""
+    by_seed: dict[Any, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_seed[t.info.get("seed")].append(t)
+    seed_list = [s for s in seeds if by_seed.get(s)]
+    succ = [sum(t.success for t in by_seed[s]) / len(by_seed[s]) for s in seed_list]
+    rew = [sum(t.reward for t in by_seed[s]) / len(by_seed[s]) for s in seed_list]
+    n = len(trajs)
+    n_succ = sum(t.success for t in trajs)
+    success = mean_ci(succ)
+    success.update(pooled=n_succ / n if n else None, wilson95=wilson_interval(n_succ, n), per_seed=succ)
+    reward = mean_ci(rew)
+    reward["per_seed"] = rew
+    passk: dict[str, Any] = {}
+    for k in _ks(samples):
+        vals = []
+        for s in seed_list:
+            per_task: dict[tuple[str, str], list[bool]] = defaultdict(list)
+            for t in by_seed[s]:
+                per_task[(t.env_id, t.task_id)].append(t.success)
+            scores = [pass_at_k(len(v), sum(v), k) for v in per_task.values() if len(v) >= k]
+            if scores:
+                vals.append(sum(scores) / len(scores))
+        if vals:
+            passk[f"pass@{k}"] = mean_ci(vals)
+    turns = [t.num_turns for t in trajs]
+    gen = [int(t.metrics.get("generated_tokens", t.num_generated_tokens)) for t in trajs]
+    prompt = [int(t.metrics.get("prompt_tokens", 0)) for t in trajs]
+    perr = [int(t.metrics.get("parse_errors", 0) or 0) for t in trajs]
+    reasons: dict[str, int] = defaultdict(int)
+    for t in trajs:
+        if t.truncated:
+            reasons[str(t.info.get("truncated_reason", "unknown"))] += 1
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    by_turns: dict[int, list[bool]] = defaultdict(list)
+    for t in trajs:
+        by_type[str(t.info.get("task_type", "default"))].append(t.success)
+        by_turns[t.num_turns].append(t.success)
+    walls = [t.timing.get("wall_s", 0.0) for t in trajs]
+
+    def _mean(xs: Sequence[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {
+        "episodes": n,
+        "errors": sum(1 for t in trajs if t.error is not None),
+        "error_examples": sorted({t.error for t in trajs if t.error})[:5],
+        "success": success,
+        "reward": reward,
+        "pass_at_k": passk,
+        "terminated": sum(t.terminated for t in trajs),
+        "truncated": sum(t.truncated for t in trajs),
+        "truncated_reasons": dict(reasons),
+        "turns": {"mean": _mean(turns), "max": max(turns) if turns else None,
+                  "total": sum(turns)},
+        "tokens": {"generated_mean": _mean(gen), "generated_total": sum(gen), "prompt_mean": _mean(prompt),
+                   "prompt_total": sum(prompt)},
+        "parse_errors": {"total": sum(perr), "per_episode": _mean(perr),
+                         "per_turn": sum(perr) / sum(turns) if sum(turns) else None},
+        "timings": {"episode_wall_mean_s": _mean(walls),
+                    "policy_s_total": sum(t.timing.get("policy_s", 0.0) for t in trajs),
+                    "env_s_total": sum(t.timing.get("env_s", 0.0) + t.timing.get("reset_s", 0.0) for t in trajs)},
+        "by_task_type": {k: {"episodes": len(v), "success": sum(v) / len(v)} for k, v in sorted(by_type.items())},
+        "by_turns": {str(k): {"episodes": len(v), "success": sum(v) / len(v)} for k, v in sorted(by_turns.items())},
+    }
+
+
+def summarize(trajectories: Any, config: EvalConfig, protocol: dict[str, Any],
+              plan_keys: set[str] | None = None) -> dict[str, Any]:
+    """Build ``summary.json`` from episode records (only those in the plan, if given).
+
+    Episodes that ended with an error count as failures (reward 0) and are also counted in
+    ``errors``; truncated episodes count as failures unless the env reported success.
+    """
+    trajs = [t for t in trajectories if plan_keys is None or t.info.get("eval_key") in plan_keys]
+    envs: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        envs[t.env_id].append(t)
+    per_env = {e: _block(ts, config.seeds, config.samples) for e, ts in sorted(envs.items())}
+    overall = _block(trajs, config.seeds, config.samples) if trajs else {}
+    means = [b["success"]["mean"] for b in per_env.values() if b["success"]["mean"] is not None]
+    if overall:
+        overall["success_macro"] = sum(means) / len(means) if means else None
+    return {
+        "expected_episodes": len(plan_keys) if plan_keys is not None else None,
+        "finished_episodes": len(trajs),
+        "envs": per_env,
+        "overall": overall,
+        "protocol": protocol,
+    }
