@@ -120,7 +120,7 @@ class EpisodeDB:
     Args:
         snapshot: Bytes from :func:`snapshot_from_sql` / :func:`snapshot_from_file`.
         timeout_s: Per-statement deadline, enforced by sqlite's progress handler.
-        max_db_bytes: Size cap of the episode database (grows from the snapshot size).
+        max_db_bytes: Size cap of the episode database (at least the snapshot size + 1 MiB).
         max_value_bytes: Largest string or blob a statement may build.
     """
 
@@ -136,7 +136,9 @@ class EpisodeDB:
         self._deadline = math.inf
         conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         conn.deserialize(snapshot)
-        pages = max(1, -(-max(int(max_db_bytes), len(snapshot)) // PAGE_SIZE))
+        cap = max(int(max_db_bytes), len(snapshot) + 1024 * 1024)  # a big source may still grow 1 MiB
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0]) or PAGE_SIZE
+        pages = -(-cap // page_size)
         conn.execute(f"PRAGMA main.max_page_count={pages}")
         conn.execute(f"PRAGMA temp.max_page_count={pages}")
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, int(max_value_bytes))
