@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentgym.eval.runner import EvalConfig, arun_eval, episode_key, load_episodes, run_eval, select_tasks, summarize
+from agentgym.eval.runner import (
+    EvalConfig,
+    arun_eval,
+    episode_key,
+    load_episodes,
+    run_eval,
+    select_tasks,
+    summarize,
+)
 from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
 
 if TYPE_CHECKING:

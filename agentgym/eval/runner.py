@@ -254,7 +254,10 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
                 if splits is not None and config.split not in splits:
                     raise ConfigurationError(
                         f"{env_id} has no split {config.split!r}; its splits are: {', '.join(splits)}.")
-                pool = list(await runtime.call(inner.tasks, config.split, timeout=config.env_timeout_s))
+                tasks_fn = getattr(inner, "tasks", None)
+                if not callable(tasks_fn):
+                    raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.")
+                pool = list(await runtime.call(tasks_fn, config.split, timeout=config.env_timeout_s))
                 if not pool:
                     raise ConfigurationError(f"{env_id} split {config.split!r} has no tasks.")
                 chosen = select_tasks(pool, config.tasks)

@@ -1,0 +1,268 @@
+"""``agentgym eval`` and ``agentgym report``.
+
+``agentgym eval --env ID[,ID...] --policy SPEC --split test --tasks N --samples K --seeds 0,1,2
+--max-turns T --out DIR`` evaluates a policy with a recorded protocol (see
+:mod:`agentgym.eval.runner`); rerunning the same command resumes. ``agentgym report DIR... --out R``
+compares runs. Heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from agentgym.policy import Policy
+
+__all__ = ["register", "resolve_policy"]
+
+
+def _fail(msg: str, code: int = 2) -> NoReturn:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def resolve_policy(spec: str) -> Policy:
+    """A policy from a spec string.
+
+    ``py:module:attr`` imports ``attr`` (a Policy, or a zero-argument factory returning one);
+    everything else goes to ``agentgym.policies.from_spec`` (``hf:...``, ``vllm:...``,
+    ``openai:...``, ``expert``...). ``expert`` works even before that exists.
+    """
+    from agentgym.errors import ConfigurationError
+
+    if spec.startswith("py:"):
+        mod_name, _, attr = spec[3:].partition(":")
+        if not mod_name or not attr:
+            raise ConfigurationError(f"--policy {spec!r}: expected py:MODULE:ATTRIBUTE.")
+        try:
+            obj: Any = getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigurationError(f"--policy {spec!r}: cannot import {attr} from {mod_name} ({e}).") from None
+        if not hasattr(obj, "generate"):
+            obj = obj()
+        if not hasattr(obj, "generate") or not hasattr(obj, "policy_id"):
+            raise ConfigurationError(f"--policy {spec!r} is not a Policy (needs policy_id and async generate()).")
+        return obj  # type: ignore[no-any-return]
+    try:
+        policies = importlib.import_module("agentgym.policies")
+    except ImportError:
+        policies = None
+    from_spec = getattr(policies, "from_spec", None)
+    if callable(from_spec):
+        return from_spec(spec)  # type: ignore[no-any-return]
+    if spec == "expert":
+        from agentgym.policies.scripted import ExpertPolicy
+
+        return ExpertPolicy()
+    raise ConfigurationError(
+        f"--policy {spec!r}: policy specs other than 'expert' and 'py:MODULE:ATTR' need agentgym.policies.from_spec, "
+        "which this installation lacks.")
+
+
+def _split_list(value: str, what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise typer.BadParameter(f"{what} is empty")
+    return items
+
+
+def _parse_seeds(value: str) -> list[int]:
+    out: list[int] = []
+    for item in _split_list(value, "--seeds"):
+        if "-" in item.lstrip("-") and not item.startswith("-"):
+            lo, hi = item.split("-", 1)
+            try:
+                out += list(range(int(lo), int(hi) + 1))
+            except ValueError:
+                raise typer.BadParameter(f"bad seed range {item!r}; use e.g. 0,1,2 or 0-4") from None
+            continue
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise typer.BadParameter(f"seeds must be integers, got {item!r}; use e.g. 0,1,2 or 0-4") from None
+    return out
+
+
+def _parse_history(value: str) -> int | None:
+    if value.lower() == "full":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"--history must be 'full' or a number of turns, got {value!r}") from None
+    if n < 0:
+        raise typer.BadParameter("--history must be >= 0")
+    return n
+
+
+def _fmt_ci(block: dict[str, Any]) -> str:
+    m, ci = block.get("mean"), block.get("ci95")
+    if m is None:
+        return "–"
+    s = f"{100 * m:.1f}%"
+    if ci:
+        s += f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+    return s
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The rich results table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 140)
+    pol = summary.get("protocol", {}).get("policy", {})
+    table = Table(title=f"agentgym eval · policy {pol.get('spec') or pol.get('policy_id')}")
+    for col in ("env", "eps", "success [95% CI]", "reward", "pass@k", "turns", "tok/ep", "perr/turn", "trunc",
+                "err", "s/ep"):
+        table.add_column(col, justify="left" if col == "env" else "right", no_wrap=col != "env")
+    rows = list(summary.get("envs", {}).items())
+    if len(rows) > 1 and summary.get("overall"):
+        rows.append(("overall", summary["overall"]))
+    for name, b in rows:
+        passk = b.get("pass_at_k", {})
+        pk = max(passk, key=lambda k: int(k.split("@")[1]), default=None)
+        pk_s = f"{pk}={100 * passk[pk]['mean']:.1f}%" if pk else "–"
+        r = b["reward"].get("mean")
+        perr = b["parse_errors"].get("per_turn")
+        table.add_row(
+            name.removeprefix("agentgym/"), str(b["episodes"]), _fmt_ci(b["success"]), "–" if r is None else f"{r:.3f}", pk_s,
+            f"{b['turns']['mean']:.1f}" if b["turns"]["mean"] is not None else "–",
+            f"{b['tokens']['generated_mean']:.0f}" if b["tokens"]["generated_mean"] is not None else "–",
+            "–" if perr is None else f"{perr:.2f}", str(b["truncated"]), str(b["errors"]),
+            f"{b['timings']['episode_wall_mean_s']:.2f}" if b["timings"]["episode_wall_mean_s"] is not None else "–",
+        )
+    console.print(table)
+    if not summary.get("complete", True):
+        console.print("[yellow]incomplete run: rerun the same command to resume.[/]")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``eval`` and ``report`` to the CLI."""
+
+    @app.command("eval")
+    def eval_cmd(
+        env: Annotated[str, typer.Option("--env", "-e", help="Env id(s), comma-separated (agentgym/Demo-v0,...).")],
+        policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec: expert, hf:smollm2-135m-instruct, "
+                                            "vllm:..., openai:..., or py:MODULE:ATTR.")],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (rerun to resume).")],
+        split: Annotated[str, typer.Option(help="Task split.")] = "test",
+        tasks: Annotated[int | None, typer.Option(help="Tasks per env (default: the whole split).")] = None,
+        samples: Annotated[int, typer.Option(help="Episodes per task and seed (the k of pass@k).")] = 1,
+        seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2 or 0-4; CIs are over seeds.")] = "0",
+        max_turns: Annotated[int | None, typer.Option(help="Turns per episode (default: the env's limit).")] = None,
+        max_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 256,
+        max_total_tokens: Annotated[int | None, typer.Option(help="Prompt+generated tokens per episode.")] = None,
+        max_wall_s: Annotated[float | None, typer.Option(help="Wall-clock seconds per episode.")] = None,
+        temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+        top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 1.0,
+        concurrency: Annotated[int, typer.Option(help="Episodes in flight.")] = 16,
+        parser: Annotated[str | None, typer.Option(help="Override the env's parser: hermes, json, react.")] = None,
+        history: Annotated[str, typer.Option(help="'full' or N: keep the last N turns (message mode).")] = "full",
+        env_kwarg: Annotated[list[str] | None, typer.Option("--env-kwarg", help="key=value for the env constructor "
+                                                            "(repeatable).")] = None,
+        retry_errors: Annotated[bool, typer.Option("--retry-errors/--no-retry-errors",
+                                                   help="On resume, rerun episodes that ended with an error.")] = True,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    ) -> None:
+        """Evaluate a policy over envs with a recorded protocol; writes episodes.jsonl and summary.json."""
+        import asyncio
+
+        from agentgym.cli import _parse_kwargs
+        from agentgym.errors import AgentGymError
+        from agentgym.eval.runner import EvalConfig, arun_eval
+
+        try:
+            seed_list = _parse_seeds(seeds)
+            window = _parse_history(history)
+            config = EvalConfig(
+                envs=_split_list(env, "--env"), split=split, tasks=tasks, samples=samples, seeds=seed_list,
+                max_turns=max_turns, max_total_tokens=max_total_tokens, max_wall_s=max_wall_s,
+                max_tokens=max_tokens, temperature=temperature, top_p=top_p, concurrency=concurrency,
+                parser=parser, history_window=window, env_kwargs=_parse_kwargs(env_kwarg),
+                retry_errors=retry_errors, policy_spec=policy)
+            config.validate()
+            from agentgym.registration import env_entry
+
+            for e in config.envs:
+                env_entry(e)
+        except typer.BadParameter as e:
+            _fail(str(e))
+        except AgentGymError as e:
+            _fail(str(e))
+        if out.exists() and not out.is_dir():
+            _fail(f"--out {out} exists and is not a directory.")
+        try:
+            pol = resolve_policy(policy)
+        except AgentGymError as e:
+            _fail(str(e))
+        except Exception as e:  # a backend failing to load: say which and why
+            _fail(f"could not create policy {policy!r}: {type(e).__name__}: {e}")
+
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(stderr=True)
+        progress = Progress(TextColumn("[bold]eval[/]"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("success {task.fields[succ]}"), TimeElapsedColumn(),
+                            console=console, disable=quiet, transient=False)
+        task = progress.add_task("eval", total=None, succ="–")
+        counts = {"n": 0, "ok": 0, "err": 0}
+
+        def on_progress(done: int, total: int, traj: Any) -> None:
+            if traj is not None:
+                counts["n"] += 1
+                counts["ok"] += int(traj.success)
+                counts["err"] += int(traj.error is not None)
+            succ = f"{counts['ok']}/{counts['n']}" + (f" ({counts['err']} errors)" if counts["err"] else "")
+            progress.update(task, completed=done, total=total, succ=succ)
+
+        summary: dict[str, Any] | None = None
+        try:
+            with progress:
+                summary = asyncio.run(arun_eval(pol, config, out, progress=on_progress))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/]: finished episodes are in {out}/episodes.jsonl; "
+                          "rerun the same command to resume.")
+            raise typer.Exit(130) from None
+        except AgentGymError as e:
+            _fail(str(e))
+        finally:
+            close = getattr(pol, "close", None)
+            if callable(close):
+                try:
+                    res = close()
+                    if asyncio.iscoroutine(res):
+                        asyncio.run(res)
+                except Exception:
+                    pass
+        assert summary is not None
+        print_summary(summary)
+        typer.echo(f"wrote {out}/episodes.jsonl and {out}/summary.json")
+
+    @app.command("report")
+    def report_cmd(
+        runs: Annotated[list[Path], typer.Argument(help="Output directories of `agentgym eval` runs.")],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Report directory (report.md + PNGs).")] = Path("report"),
+        plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw PNG plots (matplotlib).")] = True,
+    ) -> None:
+        """Compare eval runs side by side: success by env, by task type and by number of turns."""
+        from agentgym.errors import AgentGymError
+        from agentgym.eval.report import write_report
+
+        try:
+            path = write_report(list(runs), out, plots=plots)
+        except AgentGymError as e:
+            _fail(str(e))
+        except ImportError as e:
+            _fail(f"plots need matplotlib ({e}); install agentgym[report] or pass --no-plots.")
+        typer.echo(path.read_text())
+        typer.echo(f"wrote {path}")
