@@ -11,6 +11,7 @@ the program left running, and the tmpfs mounts vanish, so no process and no file
 
 import base64
 import builtins
+import contextlib
 import ctypes
 import json
 import math
@@ -85,20 +86,21 @@ def _set_limits(req, base_procs):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _run_python_inline(src):
+def _run_python_inline(src, workdir="/work"):
     """Run ``src`` as ``__main__`` in this (forked, pristine) interpreter, like ``python main.py``."""
     sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
-    sys.argv = ["/work/main.py"]
-    sys.path[0] = "/work"
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+    main_py = os.path.join(workdir, "main.py")
+    sys.argv = [main_py]
+    sys.path[0] = workdir
     mod = types.ModuleType("__main__")
-    mod.__dict__.update({"__file__": "/work/main.py", "__builtins__": builtins, "__cached__": None})
+    mod.__dict__.update({"__file__": main_py, "__builtins__": builtins, "__cached__": None})
     sys.modules["__main__"] = mod
     code = 0
     try:
-        exec(compile(src, "/work/main.py", "exec"), mod.__dict__)
+        exec(compile(src, main_py, "exec"), mod.__dict__)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -147,15 +149,15 @@ def _child(req, fds, status_w):
         _check(libc.unshare(CLONE_NEWNS), "unshare(NEWNS)")
         _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         size = f"size={int(req['file_mb'])}m,mode=0755".encode()
-        for path in (b"/work", b"/tmp"):
-            _check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount {path!r}")
+        for mnt in (b"/work", b"/tmp"):
+            _check(libc.mount(b"tmpfs", mnt, b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount {mnt!r}")
         _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         name = "main.sh" if req["language"] == "bash" else "main.py"
         files = dict(req.get("files") or {})
         files[name] = base64.b64encode(req["program"].encode()).decode()
         for rel, b64 in files.items():
-            path = os.path.join("/work", rel)
+            path = os.path.join("/work", str(rel))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(base64.b64decode(b64))
@@ -181,6 +183,60 @@ def _child(req, fds, status_w):
     except BaseException as e:
         os.write(status_w, struct.pack(">i", -2) + repr(e).encode()[:500])
     os._exit(0)
+
+
+def _collect(kill, out_r, err_r, in_w, stdin, deadline, cap):
+    """Feed stdin, read stdout/stderr up to ``cap`` bytes together, kill on deadline or overflow."""
+    if stdin:
+        os.set_blocking(in_w, False)
+    else:
+        os.close(in_w)
+        in_w = -1
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    open_fds = [out_r, err_r]
+    timed_out = truncated = killed = False
+    while open_fds:
+        now = time.monotonic()
+        if now >= deadline:
+            if killed:
+                break
+            timed_out = True
+            kill()
+            killed = True
+            deadline = now + 1.0
+        wl = [in_w] if in_w >= 0 else []
+        r, w, _ = select.select(open_fds, wl, [], max(0.0, deadline - now))
+        for fd in w:
+            try:
+                n = os.write(fd, stdin[:65536])
+                stdin = stdin[n:]
+            except OSError:
+                stdin = b""
+            if not stdin:
+                os.close(in_w)
+                in_w = -1
+        for fd in r:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+                os.close(fd)
+                continue
+            room = cap - len(bufs[out_r]) - len(bufs[err_r])
+            if len(chunk) > room:
+                bufs[fd] += chunk[: max(room, 0)]
+                if not truncated:
+                    truncated = True
+                    if not killed:
+                        kill()
+                        killed = True
+                        deadline = time.monotonic() + 1.0
+            else:
+                bufs[fd] += chunk
+    for fd in open_fds:
+        os.close(fd)
+    if in_w >= 0:
+        os.close(in_w)
+    return bytes(bufs[out_r]), bytes(bufs[err_r]), timed_out, truncated, killed
 
 
 def run(req):
@@ -212,62 +268,10 @@ def run(req):
     for fd in (out_w, err_w, in_r, st_w):
         os.close(fd)
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
-    if stdin:
-        os.set_blocking(in_w, False)
-    else:
-        os.close(in_w)
-        in_w = -1
-    cap = int(req["max_output_bytes"])
-    bufs = {out_r: bytearray(), err_r: bytearray()}
-    open_fds = [out_r, err_r]
-    deadline = t0 + float(req["timeout_s"])
-    timed_out = truncated = killed = False
-    while open_fds:
-        now = time.monotonic()
-        if now >= deadline:
-            if killed:
-                break
-            timed_out = not truncated
-            os.kill(pid, signal.SIGKILL)
-            killed = True
-            deadline = now + 1.0
-        wl = [in_w] if in_w >= 0 else []
-        r, w, _ = select.select(open_fds, wl, [], max(0.0, deadline - now))
-        for fd in w:
-            try:
-                n = os.write(fd, stdin[:65536])
-                stdin = stdin[n:]
-            except OSError:
-                stdin = b""
-            if not stdin:
-                os.close(in_w)
-                in_w = -1
-        for fd in r:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                open_fds.remove(fd)
-                os.close(fd)
-                continue
-            room = cap - len(bufs[out_r]) - len(bufs[err_r])
-            if len(chunk) > room:
-                bufs[fd] += chunk[: max(room, 0)]
-                if not truncated:
-                    truncated = True
-                    if not killed:
-                        os.kill(pid, signal.SIGKILL)
-                        killed = True
-                        deadline = time.monotonic() + 1.0
-            else:
-                bufs[fd] += chunk
-    for fd in open_fds:
-        os.close(fd)
-    if in_w >= 0:
-        os.close(in_w)
-    if not killed:
-        # the namespace's init exits right after the program; its exit kills any leftovers
-        os.waitpid(pid, 0)
-    else:
-        os.waitpid(pid, 0)
+    out, err, timed_out, truncated, killed = _collect(
+        lambda: os.kill(pid, signal.SIGKILL), out_r, err_r, in_w, stdin, t0 + float(req["timeout_s"]),
+        int(req["max_output_bytes"]))
+    os.waitpid(pid, 0)  # the namespace's init exits right after the program, killing leftovers
     raw = b""
     while True:
         chunk = os.read(st_r, 4096)
@@ -286,8 +290,8 @@ def run(req):
     elif killed:
         exit_code = -signal.SIGKILL
     return {
-        "stdout": bufs[out_r].decode("utf-8", errors="replace"),
-        "stderr": bufs[err_r].decode("utf-8", errors="replace"),
+        "stdout": out.decode("utf-8", errors="replace"),
+        "stderr": err.decode("utf-8", errors="replace"),
         "exit_code": exit_code,
         "timed_out": timed_out,
         "truncated": truncated,
@@ -296,11 +300,13 @@ def run(req):
     }
 
 
-CTL_IN = os.dup(0)
-CTL_OUT = os.dup(1)
+CTL_IN = CTL_OUT = -1
 
 
 def main():
+    global CTL_IN, CTL_OUT
+    CTL_IN = os.dup(0)
+    CTL_OUT = os.dup(1)
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -317,5 +323,134 @@ def main():
         _write_frame(CTL_OUT, resp)
 
 
+def _oom_kills():
+    """The container cgroup's OOM-kill counter (cgroup v2 or v1), or -1 if unreadable."""
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"),
+                      ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            with open(path) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == key:
+                        return int(v)
+        except (OSError, ValueError):
+            continue
+    return -1
+
+
+def boot(req):
+    """Docker mode: one run inside a warm container, as the container's exec'd command.
+
+    Runs the program in a fresh dir under /work (or the session dir), kills every other process
+    in the container afterwards (``kill(-1)`` spares only PID 1 and us), and wipes /tmp.
+    """
+    t0 = time.monotonic()
+    session_dir = req.get("workdir")
+    workdir = session_dir or os.path.join("/work", "run-%d-%d" % (os.getpid(), int(t0 * 1e6)))
+    os.makedirs(workdir, exist_ok=True)
+    name = "main.sh" if req["language"] == "bash" else "main.py"
+    files = dict(req.get("files") or {})
+    files[name] = base64.b64encode(req["program"].encode()).decode()
+    for rel, b64 in files.items():
+        path = os.path.join(workdir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(b64))
+    oom_before = _oom_kills()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.chdir(workdir)
+            os.environ["HOME"] = workdir
+            req = dict(req, program=req["program"])
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 65536)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            os.setsid()
+            _set_limits(req, 4)
+            if req["language"] == "bash":
+                os.execv("/bin/bash", ["bash", os.path.join(workdir, name)])
+            if req.get("fresh_interpreter"):
+                os.execv(sys.executable, [sys.executable, "-I", os.path.join(workdir, name)])
+            _run_python_inline(req["program"], workdir)
+        finally:
+            os._exit(127)
+    for fd in (out_w, err_w, in_r):
+        os.close(fd)
+    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
+
+    def kill():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            os.kill(pid, signal.SIGKILL)
+
+    out, err, timed_out, truncated, killed = _collect(
+        kill, out_r, err_r, in_w, stdin, t0 + float(req["timeout_s"]), int(req["max_output_bytes"]))
+    _, status = os.waitpid(pid, 0)
+    for _ in range(20):  # every leftover process of the run (pid 1 and this process are spared)
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            break
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+    oom = oom_before >= 0 and _oom_kills() > oom_before
+    for root in ([] if session_dir else [workdir]) + ["/tmp"]:
+        _wipe(root, keep_root=root == "/tmp")
+    return {
+        "stdout": out.decode("utf-8", errors="replace"),
+        "stderr": err.decode("utf-8", errors="replace"),
+        "exit_code": os.waitstatus_to_exitcode(status),
+        "timed_out": timed_out,
+        "truncated": truncated,
+        "oom": oom,
+        "duration_s": time.monotonic() - t0,
+        "error": None,
+    }
+
+
+def _wipe(root, keep_root):
+    import shutil
+
+    if not keep_root:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for n in names:
+        p = os.path.join(root, n)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
+def boot_main(chunks):
+    req = json.loads(base64.b64decode("".join(chunks)))
+    try:
+        resp = boot(req)
+    except BaseException as e:
+        resp = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write("\n@@AGENTGYM@@" + json.dumps(resp))
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "boot":
+        boot_main(sys.argv[2:])
+    else:
+        main()

@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from agentgym.errors import SandboxError, SandboxUnavailable
@@ -194,7 +194,7 @@ class _Worker:
                 obj: dict[str, object] = json.loads(buf)
                 return obj
 
-    def request(self, req: dict[str, object], timeout_s: float) -> dict[str, object] | None:
+    def request(self, req: Mapping[str, object], timeout_s: float) -> dict[str, object] | None:
         assert self.proc.stdin is not None
         data = json.dumps(req).encode()
         try:

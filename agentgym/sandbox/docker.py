@@ -1,0 +1,370 @@
+"""The Docker backend: a pool of warm, locked-down containers driven with ``exec``.
+
+Each container runs with ``network_mode="none"``, a read-only root filesystem, tmpfs ``/work``
+and ``/tmp``, memory / CPU / pids limits, all capabilities dropped, ``no-new-privileges`` and an
+unprivileged uid. Each run is one ``exec`` of a small bootstrap (:mod:`._worker` in ``boot``
+mode) that runs the program in a fresh directory, enforces the timeout and output cap, then
+kills every leftover process and wipes ``/tmp`` before the container goes back to the pool.
+
+The image is configurable. Without a registry, the default ``agentgym-empty:latest`` is an empty
+image (built on first use, or with ``scripts/docker-test-image.sh``) into which the host's
+``/usr /lib /lib64 /bin`` are bind-mounted read-only; with a real image pass ``host_mounts=()``
+and the image's own ``python``.
+
+The Docker engine must be running (``scripts/dockerd-start.sh`` starts one).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import itertools
+import json
+import os
+import queue
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from agentgym.errors import DependencyNotInstalled, SandboxError, SandboxUnavailable
+from agentgym.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    ExecResult,
+    Files,
+    Language,
+    as_bytes,
+    check_relpath,
+    looks_oom,
+)
+
+__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "DockerSession", "docker_available"]
+
+DEFAULT_IMAGE = "agentgym-empty:latest"
+LABEL = "agentgym.sandbox"
+_WORKER_SRC = os.path.join(os.path.dirname(__file__), "_worker.py")
+_MAX_ARG = 120_000  # bytes per argv element (Linux MAX_ARG_STRLEN is 128 KiB)
+_MAX_PAYLOAD = 1_500_000
+_INIT = (
+    "import os, signal\n"
+    "signal.signal(signal.SIGCHLD, lambda *a: None)\n"
+    "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+    "while True:\n"
+    "    signal.pause()\n"
+    "    while True:\n"
+    "        try:\n"
+    "            if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
+    "        except ChildProcessError: break\n"
+)
+_uid_counter = itertools.count()
+
+
+def _client(timeout: float = 10.0) -> Any:
+    try:
+        import docker
+    except ImportError as e:
+        raise DependencyNotInstalled("the docker sandbox", "agentgym[docker]") from e
+    try:
+        client = docker.from_env(timeout=int(timeout))
+        client.ping()
+    except Exception as e:
+        raise SandboxUnavailable(
+            f"cannot reach the Docker engine ({type(e).__name__}: {e}). Start it (e.g. "
+            "`scripts/dockerd-start.sh`, or `dockerd --bridge=none --iptables=false &` as root) "
+            "or use get_sandbox('bwrap').") from e
+    return client
+
+
+def docker_available() -> bool:
+    """True if the docker SDK is installed and the engine answers a ping."""
+    try:
+        c = _client(timeout=3)
+    except (SandboxUnavailable, DependencyNotInstalled):
+        return False
+    c.close()
+    return True
+
+
+def ensure_empty_image(client: Any, tag: str = DEFAULT_IMAGE) -> None:
+    """Build the empty image ``tag`` locally (an empty root filesystem) if it does not exist."""
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w"):
+        pass
+    repo, _, ver = tag.partition(":")
+    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=ver or "latest")
+
+
+class DockerSession:
+    """Runs sharing one directory, in one container held for the session."""
+
+    def __init__(self, box: DockerSandbox) -> None:
+        self._box = box
+        self._container = box._take()
+        self._dir = f"/work/session-{uuid.uuid4().hex[:12]}"
+
+    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        if self._container is None:
+            raise SandboxError("this DockerSession is closed")
+        res, ok = self._box._exec(self._container, program, language=language, stdin=stdin, files=files,
+                                  timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+                                  workdir=self._dir)
+        return res
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._box._discard(self._container)
+            self._container = None
+
+    def __enter__(self) -> DockerSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DockerSandbox:
+    """Warm pool of locked-down containers. See the module docstring.
+
+    Args:
+        image: Image to run. The default empty image is built locally when missing.
+        pool_size: Containers kept warm (concurrent runs); they start lazily or with :meth:`warm_up`.
+        host_mounts: Host directories bind-mounted read-only at the same path (for the empty image).
+        python: Interpreter inside the container.
+        container_memory_mb: cgroup memory limit of each container (per-run ``memory_mb`` is also
+            applied as an address-space rlimit).
+        cpus: CPU quota of each container.
+        pids_limit: Processes per container (stops fork bombs).
+        nproc: Per-run process rlimit.
+        file_mb: Size of the tmpfs ``/work`` and ``/tmp``, and largest file.
+        api_timeout_s: Extra seconds allowed for the Docker API on top of a run's timeout.
+    """
+
+    name = "docker"
+
+    def __init__(self, *, image: str = DEFAULT_IMAGE, pool_size: int = 2,
+                 host_mounts: Sequence[str] = ("/usr", "/lib", "/lib64", "/bin"), python: str = "/usr/bin/python3",
+                 container_memory_mb: int = 1024, cpus: float = 1.0, pids_limit: int = 128, nproc: int = 64,
+                 file_mb: int = 64, api_timeout_s: float = 30.0) -> None:
+        self.image = image
+        self.python = python
+        self.host_mounts = tuple(m for m in host_mounts if os.path.exists(m))
+        self.container_memory_mb = int(container_memory_mb)
+        self.cpus = float(cpus)
+        self.pids_limit = int(pids_limit)
+        self.nproc = int(nproc)
+        self.file_mb = int(file_mb)
+        self.api_timeout_s = float(api_timeout_s)
+        self._client = _client(timeout=120)
+        if image == DEFAULT_IMAGE:
+            ensure_empty_image(self._client, image)
+        with open(_WORKER_SRC) as f:
+            self._boot_src = f.read()
+        self._pool: queue.Queue[Any] = queue.Queue()
+        self._slots = threading.Semaphore(max(1, int(pool_size)))
+        self._pool_size = max(1, int(pool_size))
+        self._live: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._tag = uuid.uuid4().hex[:8]
+
+    # ------------------------------------------------------------------ containers
+    def _start(self) -> Any:
+        uid = 430_000 + (os.getpid() % 4096) * 64 + next(_uid_counter) % 64
+        size = f"size={self.file_mb}m,uid={uid},gid={uid},mode=0700"
+        try:
+            c = self._client.containers.run(
+                self.image,
+                [self.python, "-I", "-S", "-c", _INIT],
+                detach=True,
+                name=f"agentgym-sbx-{self._tag}-{uuid.uuid4().hex[:8]}",
+                labels={LABEL: "1", f"{LABEL}.owner": str(os.getpid())},
+                network_mode="none",
+                read_only=True,
+                tmpfs={"/work": f"rw,exec,nosuid,nodev,{size}", "/tmp": f"rw,nosuid,nodev,{size}"},
+                volumes={m: {"bind": m, "mode": "ro"} for m in self.host_mounts},
+                user=f"{uid}:{uid}",
+                environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work",
+                             "PYTHONDONTWRITEBYTECODE": "1"},
+                mem_limit=f"{self.container_memory_mb}m",
+                memswap_limit=f"{self.container_memory_mb}m",
+                nano_cpus=int(self.cpus * 1e9),
+                pids_limit=self.pids_limit,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                ipc_mode="private",
+                hostname="sandbox",
+                auto_remove=False,
+            )
+        except Exception as e:
+            raise SandboxUnavailable(f"could not start a sandbox container from {self.image!r}: {e}. "
+                                     "Build the test image with scripts/docker-test-image.sh.") from e
+        with self._lock:
+            self._live.add(c.id)
+        return c
+
+    def _take(self) -> Any:
+        if self._closed:
+            raise SandboxError("this DockerSandbox is closed")
+        try:
+            return self._pool.get_nowait()
+        except queue.Empty:
+            return self._start()
+
+    def _give(self, c: Any) -> None:
+        if self._closed or self._pool.qsize() >= self._pool_size:
+            self._discard(c)
+        else:
+            self._pool.put(c)
+
+    def _discard(self, c: Any) -> None:
+        with contextlib.suppress(Exception):
+            c.remove(force=True)
+        with self._lock:
+            self._live.discard(c.id)
+
+    @contextlib.contextmanager
+    def _container(self) -> Iterator[Any]:
+        self._slots.acquire()
+        try:
+            c = self._take()
+            ok = False
+            try:
+                yield c
+                ok = True
+            finally:
+                if ok and not getattr(c, "_agentgym_broken", False):
+                    self._give(c)
+                else:
+                    self._discard(c)
+        finally:
+            self._slots.release()
+
+    def warm_up(self) -> None:
+        """Start the whole pool now (otherwise containers start on first use)."""
+        started = [self._start() for _ in range(self._pool_size - self._pool.qsize())]
+        for c in started:
+            self._pool.put(c)
+
+    # ------------------------------------------------------------------ runs
+    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        """Run ``program`` in a warm container (see :class:`~agentgym.sandbox.base.Sandbox`)."""
+        with self._container() as c:
+            res, healthy = self._exec(c, program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                      memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None)
+            if not healthy:
+                c._agentgym_broken = True
+            return res
+
+    def _exec(self, c: Any, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+              timeout_s: float, memory_mb: int, max_output_bytes: int, workdir: str | None) -> tuple[ExecResult, bool]:
+        if language not in ("python", "bash"):
+            raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
+        req = {
+            "program": program,
+            "language": language,
+            "stdin": base64.b64encode(as_bytes(stdin)).decode() if stdin else None,
+            "files": {check_relpath(k): base64.b64encode(as_bytes(v)).decode() for k, v in (files or {}).items()},
+            "timeout_s": float(timeout_s),
+            "memory_mb": int(memory_mb),
+            "max_output_bytes": int(max_output_bytes),
+            "nproc": self.nproc,
+            "file_mb": self.file_mb,
+            "workdir": workdir,
+        }
+        payload = base64.b64encode(json.dumps(req).encode()).decode()
+        if len(payload) > _MAX_PAYLOAD:
+            raise SandboxError(f"program + files + stdin are too large for the docker backend "
+                               f"({len(payload)} bytes encoded, max {_MAX_PAYLOAD}).")
+        chunks = [payload[i : i + _MAX_ARG] for i in range(0, len(payload), _MAX_ARG)] or [""]
+        cmd = [self.python, "-I", "-S", "-c", self._boot_src, "boot", *chunks]
+        t0 = time.monotonic()
+        api = self._client.api
+        try:
+            ex = api.exec_create(c.id, cmd, stdout=True, stderr=True, workdir="/work")
+            raw = self._exec_start(ex["Id"], timeout_s + self.api_timeout_s)
+        except Exception as e:
+            return ExecResult(stderr=f"sandbox container failed: {type(e).__name__}: {e}",
+                              duration_s=time.monotonic() - t0, backend=self.name), False
+        marker = raw.rfind(b"\n@@AGENTGYM@@")
+        if marker < 0:
+            tail = raw[-2000:].decode(errors="replace")
+            return ExecResult(stderr=f"sandbox bootstrap failed: {tail}", duration_s=time.monotonic() - t0,
+                              backend=self.name), False
+        resp = json.loads(raw[marker + len(b"\n@@AGENTGYM@@") :])
+        if resp.get("error"):
+            raise SandboxError(f"docker sandbox bootstrap error: {resp['error']}")
+        stderr = str(resp["stderr"])
+        ec = resp["exit_code"]
+        exit_code = int(ec) if isinstance(ec, int) else None
+        timed_out = bool(resp["timed_out"])
+        oom = bool(resp.get("oom")) or looks_oom(exit_code, stderr)
+        return ExecResult(stdout=str(resp["stdout"]), stderr=stderr, exit_code=exit_code, timed_out=timed_out,
+                          oom=oom and not timed_out, truncated=bool(resp["truncated"]),
+                          duration_s=time.monotonic() - t0, backend=self.name), True
+
+    def _exec_start(self, exec_id: str, timeout_s: float) -> bytes:
+        """Start an exec and read its (stdout) stream, with a socket timeout."""
+        sock = self._client.api.exec_start(exec_id, socket=True, demux=False)
+        raw_sock = getattr(sock, "_sock", sock)
+        raw_sock.settimeout(timeout_s)
+        from docker.utils.socket import frames_iter
+
+        out = bytearray()
+        try:
+            for stream, data in frames_iter(sock, tty=False):
+                if stream == 1:
+                    out += data
+        finally:
+            with contextlib.suppress(Exception):
+                sock.close()
+        return bytes(out)
+
+    def session(self) -> DockerSession:
+        """A session whose directory persists between runs; holds one container until closed."""
+        return DockerSession(self)
+
+    def close(self) -> None:
+        """Remove every container this sandbox started."""
+        self._closed = True
+        while True:
+            try:
+                c = self._pool.get_nowait()
+            except queue.Empty:
+                break
+            self._discard(c)
+        with self._lock:
+            ids = list(self._live)
+        for cid in ids:
+            with contextlib.suppress(Exception):
+                self._client.api.remove_container(cid, force=True)
+        with self._lock:
+            self._live.clear()
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self._closed:
+                self.close()
