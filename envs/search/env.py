@@ -168,8 +168,8 @@ class SearchEnv(AgentEnv):
                 self._tasks[split] = [TaskSpec(f"{split}-{r['id']}", split, str(r["source"]),
                                                {"question": r["question"], "answers": list(r["answers"])})
                                       for r in load_questions(path)]
-            self.splits = tuple(self._tasks)
-            self.default_split = "train" if "train" in self._tasks else self.splits[0]
+            self.splits = tuple(self._tasks)  # type: ignore[misc]  # per-instance: the file's splits
+            self.default_split = "train" if "train" in self._tasks else self.splits[0]  # type: ignore[misc]
         self._search_log: list[tuple[str, int, list[Hit]]] = []
         self._retrieval_failure: str | None = None
         self._expert: dict[str, Any] = {}

@@ -18,10 +18,11 @@ from typing import Any
 
 import httpx
 from agentgym.envs.search.retrieval import Hit, Retriever
+from pydantic import BaseModel, Field
 
 from agentgym.errors import ConfigurationError, RetrievalError
 
-__all__ = ["RemoteRetriever", "create_app", "hit_to_document", "parse_contents"]
+__all__ = ["RemoteRetriever", "RetrieverServer", "create_app", "hit_to_document", "parse_contents"]
 
 MAX_QUERIES_PER_REQUEST = 4096
 MAX_TOPK = 100
@@ -89,7 +90,8 @@ class RemoteRetriever:
         self.close()
 
     def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
-        payload = {"queries": list(queries), "topk": int(k), "return_scores": True}
+        qs = list(queries)
+        payload = {"queries": qs, "topk": int(k), "return_scores": True}
         last: str = "no attempt made"
         for attempt in range(self.retries + 1):
             if attempt:
@@ -105,7 +107,7 @@ class RemoteRetriever:
             if resp.status_code >= 400:
                 raise RetrievalError(f"{self.url} rejected the request: HTTP {resp.status_code} {resp.text[:200]}")
             try:
-                return self._parse(resp.json(), len(payload["queries"]))
+                return self._parse(resp.json(), len(qs))
             except (ValueError, KeyError, TypeError) as e:
                 raise RetrievalError(f"{self.url} sent a malformed response: {e}") from None
         raise RetrievalError(f"retrieval server {self.url} failed after {self.retries + 1} attempts ({last}).")
@@ -130,15 +132,17 @@ class RemoteRetriever:
         return self.batch_search([query], k)[0]
 
 
+class QueryRequest(BaseModel):
+    """The body of ``POST /retrieve``."""
+
+    queries: list[str] = Field(max_length=MAX_QUERIES_PER_REQUEST)
+    topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
+    return_scores: bool = False
+
+
 def create_app(retriever: Retriever, *, default_topk: int = 3) -> Any:
     """A FastAPI app serving ``retriever`` with Search-R1's ``/retrieve`` API."""
     from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel, Field
-
-    class QueryRequest(BaseModel):
-        queries: list[str] = Field(max_length=MAX_QUERIES_PER_REQUEST)
-        topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
-        return_scores: bool = False
 
     app = FastAPI(title="AgentGym retriever", description="Search-R1-compatible /retrieve endpoint.")
     num_docs = len(getattr(retriever, "docs", ()) or ())
@@ -159,3 +163,66 @@ def create_app(retriever: Retriever, *, default_topk: int = 3) -> Any:
         return {"result": [[hit_to_document(h) for h in hits] for hits in results]}
 
     return app
+
+
+class RetrieverServer:
+    """Serve a retriever with uvicorn in a background thread (tests, benchmarks, notebooks).
+
+    Use as a context manager; the port is chosen by the OS unless given::
+
+        with RetrieverServer(index) as srv:
+            RemoteRetriever(srv.url).search("query")
+
+    Args:
+        retriever: What to serve.
+        host: Interface to bind (loopback by default).
+        port: 0 picks a free port.
+        default_topk: ``topk`` when a request omits it.
+        startup_timeout_s: How long :meth:`start` waits for the server to accept requests.
+    """
+
+    def __init__(self, retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3,
+                 startup_timeout_s: float = 20.0) -> None:
+        import socket
+
+        import uvicorn
+
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, int(self._sock.getsockname()[1])
+        config = uvicorn.Config(create_app(retriever, default_topk=default_topk), log_level="warning",
+                                access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread: Any = None
+        self._startup_timeout_s = startup_timeout_s
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> RetrieverServer:
+        import threading
+
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
+                                        name=f"retriever-{self.port}")
+        self._thread.start()
+        deadline = time.monotonic() + self._startup_timeout_s
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                self.stop()
+                raise RetrievalError(f"retrieval server on {self.url} did not start within {self._startup_timeout_s:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._sock.close()
+
+    def __enter__(self) -> RetrieverServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -86,8 +86,8 @@ class DocStore:
             self._buf = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_READ) if os.path.getsize(path / "docs.jsonl") else b""
         else:
             self._passages = []
-            with open(path / "docs.jsonl", encoding="utf-8") as fh:
-                for line in fh:
+            with open(path / "docs.jsonl", encoding="utf-8") as text:
+                for line in text:
                     d = json.loads(line)
                     self._passages.append(Passage(d["id"], d["title"], d["text"]))
 

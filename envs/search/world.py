@@ -247,7 +247,7 @@ def generate_world(seed: int = 0, scale: float = 1.0, *, n_train: int = 3000, n_
                      "hq_city": _pick(rng, cities)["name"], "split": founder["split"]})
         founder["orgs"].append(name)
 
-    works = []
+    works: list[dict[str, Any]] = []
     titles: set[str] = set()
     while len(works) < n["work"]:
         creator = _pick(rng, creators)

@@ -1,0 +1,52 @@
+"""Shared fixtures: one generated-world env per session, tiny wiki-18 corpora and question files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+WIKI_ROWS = [
+    {"id": "0", "contents": '"Ada Lovelace"\nAda Lovelace was an English mathematician who wrote about the Analytical Engine.'},
+    {"id": "1", "contents": '"Charles Babbage"\nCharles Babbage designed the Analytical Engine and the Difference Engine.'},
+    {"id": "2", "contents": '"Analytical Engine"\nThe Analytical Engine was a proposed mechanical general-purpose computer.'},
+    {"id": "3", "contents": '"Paris"\nParis is the capital and most populous city of France.'},
+    {"id": "4", "contents": '"Lyon"\nLyon is the third-largest city of France, on the Rhone and the Saone.'},
+    {"id": "5", "contents": '"Rhone"\nThe Rhone is a major river of Europe that rises in the Alps and flows through Lyon.'},
+]
+QUESTION_ROWS = [
+    {"id": "q0", "question": "what is the capital of france?", "golden_answers": ["Paris"]},
+    {"id": "q1", "question": "who designed the difference engine?", "golden_answers": ["Charles Babbage", "Babbage"]},
+]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep the index cache out of the user's home during tests."""
+    import os
+
+    os.environ.setdefault("AGENTGYM_CACHE", str(tmp_path_factory.mktemp("agentgym-cache")))
+
+
+@pytest.fixture
+def wiki_corpus(tmp_path: Path) -> Path:
+    p = tmp_path / "wiki.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in WIKI_ROWS))
+    return p
+
+
+@pytest.fixture
+def questions_jsonl(tmp_path: Path) -> Path:
+    p = tmp_path / "nq_test.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in QUESTION_ROWS))
+    return p
+
+
+@pytest.fixture(scope="session")
+def env():  # type: ignore[no-untyped-def]
+    from agentgym.envs.search.env import SearchEnv
+
+    e = SearchEnv()
+    yield e
+    e.close()
