@@ -53,6 +53,7 @@ __all__ = ["AgentBenchSQLEnv", "BaseSQLEnv", "SQLEnv", "SpiderSQLEnv"]
 
 log = logging.getLogger(__name__)
 KINDS = ("query", "answer", "state")
+MAX_ANSWER_ROWS = 10_000  # rows fetched when a query stands in for an answer list
 
 
 class BaseSQLEnv(AgentEnv):
@@ -94,7 +95,14 @@ class BaseSQLEnv(AgentEnv):
         self._gold_rows: dict[str, list[tuple[Any, ...]]] = {}
         self._gold_state: dict[str, str] = {}
         self._schema_text: dict[str, str] = {}
-        self._submitted: str | None = None
+        # State the real caps in the tool's schema (the docstring cannot know them).
+        self.tools["execute_sql"].description = (
+            "Run one SQLite statement on your private copy of the database. A call holding several statements "
+            "is rejected and none of them runs.\n\nReturns: the result as a table with a row count, cut to at most "
+            f"{self.max_rows} rows and {self.max_chars} characters (a note says so when it is cut); "
+            "'OK. N row(s) affected.' for a change; or 'Error: ...' for a failed or disallowed statement, or one "
+            f"that ran longer than {self.timeout_s:g} s and was stopped."
+        )
 
     # ------------------------------------------------------------------ hooks
     def _snapshot(self, task: TaskSpec) -> bytes:
@@ -136,7 +144,6 @@ class BaseSQLEnv(AgentEnv):
         if kind not in KINDS:
             raise ValidationError(f"task {task.task_id!r} has kind {kind!r}; expected one of {KINDS}.")
         self.db = self._new_db(task)
-        self._submitted = None
         if kind == "query" and task.task_id not in self._gold_rows:
             res = self.db.run(str(task.data["sql"]))
             if not res.ok:
@@ -224,16 +231,18 @@ class BaseSQLEnv(AgentEnv):
         if kind == "query":
             if not query:
                 raise _Unscorable("this task is scored by execution match; pass query='SELECT ...'.")
-            res = db.run(query)
+            gold = self._gold_rows[task.task_id]
+            res = db.run(query, max_rows=len(gold))  # more rows than gold cannot match; never fetch them all
             if not res.ok:
                 raise _Unscorable(f"the submitted query failed: {res.error}.")
-            gold = self._gold_rows[task.task_id]
+            if res.truncated:
+                return False, ""
             return results_match(res.rows, gold, ordered=has_order_by(str(task.data["sql"]))), ""
         if kind == "answer":
             if answer is None:
                 if not query:
                     raise _Unscorable("this task is scored by answer match; pass answer=[...].")
-                res = db.run(query)
+                res = db.run(query, max_rows=MAX_ANSWER_ROWS)
                 if not res.ok:
                     raise _Unscorable(f"the submitted query failed: {res.error}.")
                 answer = flatten_rows(res.rows)

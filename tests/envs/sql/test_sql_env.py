@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -248,3 +249,23 @@ def test_task_type_filter_and_seeded_reset() -> None:
     assert o1 == o2 and i1["task_id"] == i2["task_id"]
     assert "Question:" in o1[1]["content"] and "CREATE TABLE" in o1[1]["content"]
     e.close()
+
+
+def test_tool_schema_states_the_caps() -> None:
+    e = SQLEnv(max_rows=7, max_chars=900, timeout_s=1.5)
+    desc = e.tools["execute_sql"].description
+    assert "7 rows" in desc and "900 characters" in desc and "1.5 s" in desc
+    assert "7 rows" not in SQLEnv().tools["execute_sql"].description  # per instance, not per class
+    e.close()
+
+
+def test_huge_results_are_never_fetched_whole(env: SQLEnv) -> None:
+    t = first_task(env, "test", "filter")
+    env.reset(options={"task_id": t.task_id})
+    cross = "SELECT * FROM bookings AS a, bookings AS b, bookings AS c"  # 216 million rows
+    t0 = time.perf_counter()
+    obs, *_ = env.step(call("execute_sql", query=cross))
+    assert "only the first 50 rows" in obs[0]["content"]
+    _, reward, term, *_ = env.step(call("submit", query=cross))
+    assert term and reward == 0.0
+    assert time.perf_counter() - t0 < 2.0
