@@ -2,7 +2,7 @@
 
 The wire format is Search-R1's ``retrieval_server.py``::
 
-    POST /retrieve  {"queries": ["..."], "topk": 3, "return_scores": true}
+    POST /retrieve  {"queries": ["..."], "topk": 3, "return_scores": true}   ("query": "..." also accepted)
     ->  {"result": [[{"document": {"id": "...", "contents": "\\"Title\\"\\ntext"}, "score": 12.3}, ...], ...]}
 
 With ``return_scores: false`` each inner list holds the documents themselves. ``contents`` follows
@@ -133,11 +133,19 @@ class RemoteRetriever:
 
 
 class QueryRequest(BaseModel):
-    """The body of ``POST /retrieve``."""
+    """The body of ``POST /retrieve``: ``queries`` (Search-R1), or ``query`` (SkyRL's client sends one string)."""
 
-    queries: list[str] = Field(max_length=MAX_QUERIES_PER_REQUEST)
+    queries: list[str] | None = Field(default=None, max_length=MAX_QUERIES_PER_REQUEST)
+    query: str | list[str] | None = None
     topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
     return_scores: bool = False
+
+    def all_queries(self) -> list[str]:
+        if self.queries is not None:
+            return self.queries
+        if isinstance(self.query, str):
+            return [self.query]
+        return list(self.query or [])
 
 
 def create_app(retriever: Retriever, *, default_topk: int = 3) -> Any:
@@ -153,11 +161,16 @@ def create_app(retriever: Retriever, *, default_topk: int = 3) -> Any:
 
     @app.post("/retrieve")
     def retrieve(req: QueryRequest) -> dict[str, Any]:
-        for q in req.queries:
+        queries = req.all_queries()
+        if req.queries is None and req.query is None:
+            raise HTTPException(status_code=422, detail="send 'queries' (a list of strings) or 'query'")
+        if len(queries) > MAX_QUERIES_PER_REQUEST:
+            raise HTTPException(status_code=422, detail=f"at most {MAX_QUERIES_PER_REQUEST} queries per request")
+        for q in queries:
             if len(q) > MAX_QUERY_CHARS:
                 raise HTTPException(status_code=422, detail=f"a query is longer than {MAX_QUERY_CHARS} characters")
         k = req.topk or default_topk
-        results = retriever.batch_search(req.queries, k)
+        results = retriever.batch_search(queries, k)
         if req.return_scores:
             return {"result": [[{"document": hit_to_document(h), "score": h.score} for h in hits] for hits in results]}
         return {"result": [[hit_to_document(h) for h in hits] for hits in results]}

@@ -63,6 +63,10 @@ def test_server_rejects_bad_requests(server: RetrieverServer) -> None:
     assert httpx.post(url, json={"queries": "not a list"}, timeout=10).status_code == 422
     assert httpx.post(url, json={"queries": ["x"], "topk": 0}, timeout=10).status_code == 422
     assert httpx.post(url, json={"queries": ["x" * 10_000]}, timeout=10).status_code == 422
+    assert httpx.post(url, json={"topk": 3}, timeout=10).status_code == 422
+    # SkyRL's search client sends a single "query" string
+    single = httpx.post(url, json={"query": "Rhone river", "topk": 1, "return_scores": True}, timeout=10).json()
+    assert single["result"][0][0]["document"]["id"] == "5"
     default = httpx.post(url, json={"queries": ["France"]}, timeout=10).json()["result"][0]
     assert len(default) == 2  # default topk 3, but only two passages mention France
 
