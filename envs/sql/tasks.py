@@ -82,6 +82,8 @@ def builtin_db(name: str, seed: int = 0) -> BuiltinDB:
 
 
 def _plural(phrase: str) -> str:
+    if phrase.endswith("y") and not phrase.endswith(("ay", "ey", "oy", "uy")):
+        return phrase[:-1] + "ies"
     return phrase + ("es" if phrase.endswith(("s", "x", "ch")) else "s")
 
 
@@ -237,7 +239,7 @@ def t_join(ctx: _Ctx, n: int) -> list[Draft]:
             out.append(("join", f"List the {_plural(cl.phrase)} of the {child.plural} whose {fkc.phrase} is "
                         f"{_lit(v)} (its {pl.phrase}).", f"SELECT c.{cl.name} {on} WHERE p.{pl.name} = {_lit(v)}"))
         out.append(("join_group_by", f"For each {fkc.phrase}, give its {pl.phrase} and the number of {child.plural} "
-                    f"linked to it as {fkc.phrase}. Leave out those with none.",
+                    f"that have it as their {fkc.phrase}. Leave out those with none.",
                     f"SELECT p.{pl.name}, COUNT(*) {on} GROUP BY p.id"))
         for cc in child.by_role("num"):
             fn, word = ctx.rng.choice([("AVG", "average"), ("MAX", "highest"), ("SUM", "total"), ("MIN", "lowest")])
@@ -249,8 +251,8 @@ def t_join(ctx: _Ctx, n: int) -> list[Draft]:
         if len(sizes) >= 2:
             for _ in range(n):
                 k = ctx.rng.choice(sizes[:-1])
-                out.append(("join_having", f"Which {_plural(pl.phrase)} of {parent.plural} appear as {fkc.phrase} of "
-                            f"more than {k} {child.plural}?",
+                out.append(("join_having", f"Give the {_plural(pl.phrase)} of the {parent.plural} that are the "
+                            f"{fkc.phrase} of more than {k} {child.plural}.",
                             f"SELECT p.{pl.name} {on} GROUP BY p.id HAVING COUNT(*) > {k}"))
     return out
 
