@@ -10,6 +10,11 @@ A :class:`Conversation` keeps the chat history and, for a policy with a tokenize
   windowed) and the env's tool specs; if the backend reports the prompt ids it used, the delta
   against the previous context is recorded when it extends it (else the whole prompt, counted in
   ``metrics["retokenized_turns"]``).
+
+If a session raises :class:`~agentgym.errors.TokenizationError` (the chat template cannot be
+continued token-exactly), the conversation starts a new session from the full history: that turn's
+``prompt_token_ids`` are the whole re-rendered prompt, and its index is listed in
+``Trajectory.info["session_restart_turns"]`` (a trainer splits the sequence there).
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class Conversation:
         self.context_tokens = 0  # tokens in the policy's context so far (prompt + completions)
         self.generated_tokens = 0
         self.retokenized_turns = 0
+        self.session_restarts = 0
+        self.restarted = False  # the last prompt is a full re-render, not a delta
 
     def observe(self, messages: list[Message]) -> None:
         """Add env (or other-role) messages to the history."""
@@ -87,15 +94,33 @@ class Conversation:
         """Token mode: tokenize the pending messages into the session and return the prompt delta."""
         if not self.token_mode:
             return None
+        self.restarted = False
         if self._session is None:
-            new_session = self.policy.new_session  # type: ignore[attr-defined]
-            self._session = new_session()
-            ids = list(self._session.start(list(self._pending), self.tools))
+            ids = self._start_session(list(self._pending))
         else:
-            ids = list(self._session.append_messages(list(self._pending)))
+            if not self._pending:  # an env that returned no message: keep the turns alternating
+                self.observe([{"role": "user", "content": "(no output)"}])
+            try:
+                ids = list(self._session.append_messages(list(self._pending)))
+            except TokenizationError:
+                # the template cannot be continued token-exactly: a new sample from the full conversation
+                ids = self._start_session(list(self.messages))
+                self.restarted = True
+            else:
+                if getattr(self._session, "last_reset", False):  # a session that re-rendered by itself
+                    self.context_tokens = 0
+                    self.restarted = True
+        if self.restarted:
+            self.session_restarts += 1
         self._pending = []
         self.context_tokens += len(ids)
         return ids
+
+    def _start_session(self, messages: list[Message]) -> list[int]:
+        new_session = self.policy.new_session  # type: ignore[attr-defined]
+        self._session = new_session()
+        self.context_tokens = 0
+        return list(self._session.start(messages, self.tools))
 
     def _window(self) -> list[Message]:
         if self.history_window is None:
@@ -132,7 +157,7 @@ class Conversation:
         """
         try:
             prompt_ids = self.next_prompt_ids()
-        except TokenizationError:
+        except TokenizationError:  # even a fresh session cannot render this conversation
             raise TruncatedEpisode("tokenization_drift") from None
         except ContextLengthExceeded:
             raise TruncatedEpisode("context_length") from None
@@ -307,6 +332,8 @@ async def run_episode(
             turn = Turn(policy_id=policy.policy_id, prompt_token_ids=prompt_ids,
                         completion_token_ids=list(gen.token_ids), completion_logprobs=list(gen.logprobs),
                         weight_version=gen.weight_version, text=gen.text, finish_reason=gen.finish_reason)
+            if conv.restarted:  # this turn's prompt ids are a full re-render, not a delta
+                traj.info.setdefault("session_restart_turns", []).append(len(traj.turns))
             traj.turns.append(turn)
             traj.messages.append(conv.messages[-1])
             action = gen.as_action()
@@ -372,6 +399,7 @@ async def run_episode(
             "prompt_tokens": sum(len(t.prompt_token_ids) for t in traj.turns),
             "parse_errors": max(parse_errors, int(env_metrics.get("parse_errors", 0) or 0)),
             "retokenized_turns": conv.retokenized_turns if conv is not None else 0,
+            "session_restarts": conv.session_restarts if conv is not None else 0,
         }
         timing["wall_s"] = time.monotonic() - t0
         traj.timing = timing
