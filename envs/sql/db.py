@@ -117,8 +117,13 @@ class QueryResult:
 class EpisodeDB:
     """An isolated, locked-down in-memory copy of a database snapshot.
 
+    For a source too big to copy per episode, pass ``readonly_path`` instead of a snapshot: the
+    file is opened read-only (``mode=ro`` and ``PRAGMA query_only``), so every write fails with an
+    error the agent sees and the file is never modified. Change tasks need a copy.
+
     Args:
         snapshot: Bytes from :func:`snapshot_from_sql` / :func:`snapshot_from_file`.
+        readonly_path: A SQLite file to open read-only instead of copying a snapshot.
         timeout_s: Per-statement deadline, enforced by sqlite's progress handler.
         max_db_bytes: Size cap of the episode database (at least the snapshot size + 1 MiB).
         max_value_bytes: Largest string or blob a statement may build.
@@ -126,20 +131,33 @@ class EpisodeDB:
 
     def __init__(
         self,
-        snapshot: bytes,
+        snapshot: bytes | None = None,
         *,
+        readonly_path: str | None = None,
         timeout_s: float = 5.0,
         max_db_bytes: int = 64 * 1024 * 1024,
         max_value_bytes: int = 1_000_000,
     ) -> None:
+        if (snapshot is None) == (readonly_path is None):
+            raise ValueError("EpisodeDB needs exactly one of snapshot and readonly_path")
         self.timeout_s = float(timeout_s)
         self._deadline = math.inf
-        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        conn.deserialize(snapshot)
-        cap = max(int(max_db_bytes), len(snapshot) + 1024 * 1024)  # a big source may still grow 1 MiB
+        self.readonly = readonly_path is not None
+        if readonly_path is not None:
+            conn = sqlite3.connect(f"file:{readonly_path}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA query_only = 1")
+            size = 0
+        else:
+            assert snapshot is not None
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            conn.deserialize(snapshot)
+            size = len(snapshot)
+        cap = max(int(max_db_bytes), size + 1024 * 1024)  # a big source may still grow 1 MiB
         page_size = int(conn.execute("PRAGMA page_size").fetchone()[0]) or PAGE_SIZE
         pages = -(-cap // page_size)
-        conn.execute(f"PRAGMA main.max_page_count={pages}")
+        if not self.readonly:
+            conn.execute(f"PRAGMA main.max_page_count={pages}")
         conn.execute(f"PRAGMA temp.max_page_count={pages}")
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, int(max_value_bytes))
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)

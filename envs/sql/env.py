@@ -394,6 +394,8 @@ class SpiderSQLEnv(BaseSQLEnv):
         db_dirs: Folders searched for databases (default ``database``, ``dev_databases``, ``train_databases``,
             ``test_database``).
         cache_mb: Bound on the in-memory snapshot cache.
+        max_copy_mb: Databases larger than this are not copied per episode but opened read-only
+            (writes then fail with an error observation; the source is never modified).
     """
 
     DEFAULT_SPLITS: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -408,6 +410,7 @@ class SpiderSQLEnv(BaseSQLEnv):
         split_files: dict[str, Sequence[str]] | None = None,
         db_dirs: Sequence[str] | None = None,
         cache_mb: float = 512.0,
+        max_copy_mb: float = 256.0,
         **kwargs: Any,
     ) -> None:
         root = _need_path(path, "SQL-Spider-v0", "a Spider/BIRD folder with dev.json and database/<db_id>/<db_id>.sqlite")
@@ -415,6 +418,7 @@ class SpiderSQLEnv(BaseSQLEnv):
             raise ConfigurationError(f"SQL-Spider-v0: path {str(root)!r} must be a folder.")
         super().__init__(**kwargs)
         self.root = root
+        self.max_copy_bytes = int(max_copy_mb * 1024 * 1024)
         self._cache = _SnapshotCache(int(cache_mb * 1024 * 1024))
         dirs = [root / d for d in (db_dirs or self.DEFAULT_DB_DIRS)]
         known_ids: set[str] | None = None
@@ -463,6 +467,12 @@ class SpiderSQLEnv(BaseSQLEnv):
     def _snapshot(self, task: TaskSpec) -> bytes:
         db_id = str(task.data["db_id"])
         return self._cache.get(db_id, lambda: snapshot_from_file(str(self._db_paths[db_id])))
+
+    def _new_db(self, task: TaskSpec) -> EpisodeDB:
+        path = self._db_paths[str(task.data["db_id"])]
+        if path.stat().st_size > self.max_copy_bytes:
+            return EpisodeDB(readonly_path=str(path), timeout_s=self.timeout_s)
+        return super()._new_db(task)
 
 
 def _read_json(path: Path) -> list[Any]:

@@ -268,3 +268,22 @@ def test_agentbench_bad_files(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"description": "x", "type": ["SELECT"], "table": table("t", ["a"], [["1"]])}) + "\n")
     with pytest.raises(ValidationError, match="label"):
         AgentBenchSQLEnv(path=bad)
+
+
+def test_spider_big_databases_open_read_only(spider: Path) -> None:
+    db_file = spider / "database" / "concert_singer" / "concert_singer.sqlite"
+    before = db_file.read_bytes()
+    e = SpiderSQLEnv(path=spider, max_copy_mb=0)  # every database counts as too big to copy
+    task = e.tasks("test")[0]
+    e.reset(options={"task_id": task.task_id})
+    assert e.db is not None and e.db.readonly
+    for sql in ("DROP TABLE singer", "DELETE FROM singer", "CREATE TEMP TABLE t (x)",
+                "PRAGMA query_only = 0", "ATTACH DATABASE ':memory:' AS m"):
+        obs, _, term, *_ = e.step(call("execute_sql", query=sql))
+        assert obs[0]["content"].startswith("Error: ") and not term, sql
+    obs, *_ = e.step(call("execute_sql", query="SELECT count(*) FROM singer"))
+    assert "4" in obs[0]["content"]
+    _, reward, *_ = e.step(e.expert_action())
+    assert reward == 1.0
+    e.close()
+    assert db_file.read_bytes() == before
