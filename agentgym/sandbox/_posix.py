@@ -39,7 +39,8 @@ class UidPool:
     @contextlib.contextmanager
     def acquire(self) -> Iterator[int]:
         with self._lock:
-            slot = self._free.pop() if self._free else threading.get_ident() % self.SLOTS
+            # FIFO: a uid whose last processes are still being torn down is reused last
+            slot = self._free.pop(0) if self._free else threading.get_ident() % self.SLOTS
         try:
             yield self.BASE + (os.getpid() % 4096) * self.SLOTS + slot
         finally:
@@ -89,10 +90,16 @@ def make_preexec(
     return _pre
 
 
-def kill_uid(uid: int, rounds: int = 20) -> int:
-    """SIGKILL every process owned by ``uid`` (repeated until none is left). Returns how many."""
+def kill_uid(uid: int, wait_s: float = 2.0) -> int:
+    """SIGKILL every process owned by ``uid`` until none is left (or ``wait_s`` passes).
+
+    Returns how many kill signals were sent.
+    """
+    import time
+
     killed = 0
-    for _ in range(rounds):
+    deadline = time.monotonic() + wait_s
+    while True:
         found = 0
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -100,11 +107,11 @@ def kill_uid(uid: int, rounds: int = 20) -> int:
             try:
                 if os.stat(f"/proc/{name}").st_uid != uid:
                     continue
-                os.kill(int(name), signal.SIGKILL)
                 found += 1
+                os.kill(int(name), signal.SIGKILL)
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
         killed += found
-        if not found:
-            break
-    return killed
+        if not found or time.monotonic() > deadline:
+            return killed
+        time.sleep(0.01)

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from agentgym.errors import SandboxError, SandboxUnavailable
-from agentgym.sandbox._posix import UidPool, is_root, make_preexec
+from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -64,7 +64,7 @@ def bwrap_available(path: str | None = None) -> str | None:
     if not exe:
         return None
     try:
-        r = subprocess.run([exe, "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, timeout=10,
+        r = subprocess.run([exe, "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, timeout=10, env=dict(_ENV),
                            preexec_fn=make_preexec(uid=65534 if is_root() else None, timeout_s=None,
                                                    memory_mb=None, nproc=None, file_mb=None))
     except (OSError, subprocess.SubprocessError):
@@ -128,8 +128,6 @@ class BwrapSession:
 
     def close(self) -> None:
         if self._uid_cm is not None:
-            from agentgym.sandbox._posix import kill_uid
-
             kill_uid(self._uid or 0)
             self._uid_cm.__exit__(None, None, None)
             self._uid_cm = None
@@ -155,7 +153,7 @@ class _Worker:
         args += ["--cap-add", "ALL", "--ro-bind", str(WORKER_PATH), "/.agentgym/worker.py",
                  box.python, "-I", "-S", "/.agentgym/worker.py"]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     preexec_fn=make_preexec(uid=uid, timeout_s=None, memory_mb=None,
+                                     env=dict(_ENV), preexec_fn=make_preexec(uid=uid, timeout_s=None, memory_mb=None,
                                                              nproc=4096, file_mb=None), close_fds=True)
         ready = self._recv(timeout_s=20.0)
         if not ready or not ready.get("ready"):
@@ -320,6 +318,7 @@ class BwrapSandbox:
             try:
                 proc = subprocess.Popen(
                     args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=memfds,
+                    env=dict(_ENV),  # bwrap itself (PID 1 in the sandbox) must not carry host secrets
                     preexec_fn=make_preexec(uid=uid, timeout_s=timeout_s, memory_mb=memory_mb, nproc=self.nproc,
                                             file_mb=self.file_mb))
             except OSError as e:
@@ -329,6 +328,8 @@ class BwrapSandbox:
                 os.close(fd)
         cap = communicate(proc, stdin=as_bytes(stdin), timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                           kill=lambda: killpg(proc.pid))
+        if uid is not None and workdir is None and (cap.timed_out or cap.truncated or cap.returncode != 0):
+            kill_uid(uid)  # wait until the killed namespace is gone, so the uid's process count is back
         res = result_from(cap, self.name)
         if res.exit_code is not None and res.exit_code > 0 and cap.stderr.startswith(b"bwrap:"):
             raise SandboxError(f"bwrap failed: {cap.stderr.decode(errors='replace').strip()}")
