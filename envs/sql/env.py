@@ -66,6 +66,7 @@ class BaseSQLEnv(AgentEnv):
         max_rows: Rows shown per ``execute_sql`` result.
         max_chars: Characters shown per ``execute_sql`` result.
         max_db_mb: Size cap of the episode database, in MiB.
+        gold_timeout_s: Deadline for running a task's gold SQL (once per task, at its first reset).
         show_schema: Put the ``CREATE`` statements in the opening message.
         parser: ``hermes`` (default), ``json`` or ``react``.
         format_penalty: Subtracted for an unparseable turn or an unscorable submission.
@@ -80,6 +81,7 @@ class BaseSQLEnv(AgentEnv):
         max_rows: int = 50,
         max_chars: int = 4000,
         max_db_mb: float = 64.0,
+        gold_timeout_s: float = 60.0,
         show_schema: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -90,6 +92,7 @@ class BaseSQLEnv(AgentEnv):
         self.max_rows = int(max_rows)
         self.max_chars = int(max_chars)
         self.max_db_bytes = int(max_db_mb * 1024 * 1024)
+        self.gold_timeout_s = float(gold_timeout_s)
         self.show_schema = bool(show_schema)
         self.db: EpisodeDB | None = None
         self._gold_rows: dict[str, list[tuple[Any, ...]]] = {}
@@ -123,8 +126,8 @@ class BaseSQLEnv(AgentEnv):
         return (
             "You answer questions about a SQLite database. Explore it with execute_sql (one SQL statement "
             f"per call; results show at most {self.max_rows} rows and {self.max_chars} characters; each "
-            f"query is stopped after {self.timeout_s:g} s). The database is a private copy: changes affect "
-            "only this episode. When done, call submit exactly once; it ends the episode. "
+            f"query is stopped after {self.timeout_s:g} s). The database is a private sandbox: nothing you "
+            "do changes the original or other episodes. When done, call submit exactly once; it ends the episode. "
             + self.parser.format_instructions(self.tools)
         )
 
@@ -145,7 +148,11 @@ class BaseSQLEnv(AgentEnv):
             raise ValidationError(f"task {task.task_id!r} has kind {kind!r}; expected one of {KINDS}.")
         self.db = self._new_db(task)
         if kind == "query" and task.task_id not in self._gold_rows:
-            res = self.db.run(str(task.data["sql"]))
+            self.db.timeout_s = self.gold_timeout_s
+            try:
+                res = self.db.run(str(task.data["sql"]))
+            finally:
+                self.db.timeout_s = self.timeout_s
             if not res.ok:
                 raise ValidationError(f"gold SQL of task {task.task_id!r} fails: {res.error}")
             self._gold_rows[task.task_id] = res.rows
@@ -260,6 +267,7 @@ class BaseSQLEnv(AgentEnv):
         h = self._gold_state.get(task.task_id)
         if h is None:
             ref = self._new_db(task)
+            ref.timeout_s = self.gold_timeout_s
             try:
                 res = ref.run(str(task.data["sql"]))
                 if not res.ok:
