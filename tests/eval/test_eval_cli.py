@@ -1,0 +1,93 @@
+"""``agentgym eval`` / ``agentgym report`` run as a user would: in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FAKES = str(Path(__file__).resolve().parents[1] / "rollout")
+
+
+def env_vars() -> dict[str, str]:
+    return {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "PYTHONPATH": FAKES}
+
+
+def run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentgym", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env_vars())
+
+
+def test_eval_demo_expert_then_resume_then_report(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["eval", "--env", "agentgym/Demo-v0", "--policy", "expert", "--split", "test", "--tasks", "3",
+            "--samples", "2", "--seeds", "0,1", "--max-turns", "8", "--out", str(out), "-q"]
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    assert "Demo-v0" in r.stdout and "100.0% [100.0, 100.0]" in r.stdout and "pass@2=100.0%" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    b = summary["envs"]["agentgym/Demo-v0"]
+    assert b["episodes"] == 12 and b["success"]["mean"] == 1.0
+    assert summary["protocol"]["policy"]["spec"] == "expert" and summary["protocol"]["max_turns"] == {"agentgym/Demo-v0": 8}
+    n_lines = len((out / "episodes.jsonl").read_text().splitlines())
+    r = run(*args)  # resume: nothing to do
+    assert r.returncode == 0 and len((out / "episodes.jsonl").read_text().splitlines()) == n_lines == 12
+    rep = tmp_path / "rep"
+    r = run("report", str(out), "--out", str(rep))
+    assert r.returncode == 0, r.stderr
+    assert "| agentgym/Demo-v0 | 100.0% ± 0.0 |" in r.stdout
+    assert {p.name for p in rep.iterdir()} == {"report.md", "success_by_env.png", "success_by_task_type.png",
+                                               "success_by_turns.png"}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--env", "agentgym/Demo-v9"], "Did you mean 'agentgym/Demo-v0'"),
+    (["--env", "agentgym/Demo-v0", "--seeds", "a,b"], "seeds must be integers"),
+    (["--env", "agentgym/Demo-v0", "--tasks", "0"], "--tasks must be >= 1"),
+    (["--env", "agentgym/Demo-v0", "--split", "nope"], "has no split 'nope'"),
+    (["--env", "agentgym/Demo-v0", "--history", "lots"], "--history must be 'full' or a number"),
+    (["--env", "agentgym/Demo-v0", "--parser", "xml"], "unknown parser 'xml'"),
+    (["--env", "agentgym/Demo-v0", "--policy", "py:nosuchmodule:x"], "cannot import x from nosuchmodule"),
+])
+def test_invalid_arguments_get_clear_messages(tmp_path: Path, extra: list[str], message: str) -> None:
+    args = ["eval", "--policy", "expert", "--out", str(tmp_path / "o"), "-q", *extra]
+    r = run(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_report_on_a_non_run_directory(tmp_path: Path) -> None:
+    r = run("report", str(tmp_path), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 2 and "no summary.json" in r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_resumable_output(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "agentgym", "eval", "--env", "agentgym/Demo-v0", "--policy",
+            "py:rollout_fakes:slow_expert", "--tasks", "6", "--concurrency", "2", "--out", str(out), "-q"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_vars())
+    episodes = out / "episodes.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (episodes.exists() and len(episodes.read_text().splitlines()) >= 2):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "rerun the same command to resume" in " ".join(err.split())
+    summary = json.loads((out / "summary.json").read_text())
+    done = summary["finished_episodes"]
+    assert summary["complete"] is False and 2 <= done < 6
+    r = subprocess.run(args, capture_output=True, text=True, timeout=180, env=env_vars())
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and summary["finished_episodes"] == 6
+    assert summary["envs"]["agentgym/Demo-v0"]["success"]["mean"] == 1.0
+    assert len(episodes.read_text().splitlines()) == 6  # finished episodes were not run again
