@@ -144,5 +144,5 @@ async def test_report_compares_runs(tmp_path: Path) -> None:
     for png in ("success_by_env.png", "success_by_task_type.png", "success_by_turns.png"):
         data = (tmp_path / "rep" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-    with pytest.raises(ConfigurationError, match="summary.json"):
+    with pytest.raises(ConfigurationError, match=r"summary\.json"):
         write_report([tmp_path], tmp_path / "rep2")
