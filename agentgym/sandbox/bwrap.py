@@ -85,9 +85,10 @@ def _system_args() -> list[str]:
     return args
 
 
-def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None) -> list[str]:
-    args = [exe, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
-            "--hostname", "sandbox", *_system_args()]
+def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None, die_with_parent: bool = True) -> list[str]:
+    args = [exe, "--unshare-all", "--unshare-user", "--new-session", "--hostname", "sandbox", *_system_args()]
+    if die_with_parent:
+        args.append("--die-with-parent")
     py_real = os.path.realpath(python)
     if not any(py_real.startswith(d + "/") for d in ("/usr", "/bin", "/lib")):
         # an interpreter outside the system dirs (pyenv, conda): expose its prefix read-only
@@ -147,7 +148,9 @@ class _Worker:
         self.box = box
         self._uid_cm = box._uids.acquire() if is_root() else None
         uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
-        args = _base_args(box.exe, box.python, box.file_mb)
+        # No --die-with-parent: PR_SET_PDEATHSIG fires when the *thread* that started the worker
+        # exits. The worker exits by itself when its control pipe closes (host exit or crash).
+        args = _base_args(box.exe, box.python, box.file_mb, die_with_parent=False)
         # The worker keeps capabilities *inside its own user namespace* so that it can create a
         # PID + mount namespace per run; the program itself runs with all of them dropped.
         args += ["--cap-add", "ALL", "--ro-bind", str(WORKER_PATH), "/.agentgym/worker.py",

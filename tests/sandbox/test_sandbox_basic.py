@@ -1,0 +1,133 @@
+"""Functional behaviour of every backend: I/O, files, exit codes, languages, sessions, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from agentgym.errors import SandboxUnavailable
+from agentgym.sandbox import ExecResult, Sandbox, get_sandbox
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_stdout_stderr_exit_code(box: Sandbox) -> None:
+    r = box.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
+    assert not r.ok and not r.timed_out and not r.truncated and not r.oom
+    assert r.backend == box.name and r.duration_s > 0
+
+
+def test_stdin_and_files(box: Sandbox) -> None:
+    prog = "import sys\nn = int(sys.stdin.readline())\nprint(n * 2, open('data/in.txt').read().strip(), open('b.bin','rb').read())"
+    r = box.run(prog, stdin="21\n", files={"data/in.txt": "hello ünïcode", "b.bin": b"\x00\x01"})
+    assert r.ok, r
+    assert r.stdout == "42 hello ünïcode b'\\x00\\x01'\n"
+
+
+def test_exception_gives_traceback_and_exit_1(box: Sandbox) -> None:
+    r = box.run("def f():\n    raise ValueError('boom')\nf()")
+    assert r.exit_code == 1 and "ValueError: boom" in r.stderr and "Traceback" in r.stderr
+    r = box.run("def broken(:\n    pass")
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr
+
+
+def test_main_guard_and_bash(box: Sandbox) -> None:
+    r = box.run("if __name__ == '__main__':\n    print('main')")
+    assert r.stdout == "main\n"
+    r = box.run("echo $((6*7)); cd /work 2>/dev/null || true; pwd >/dev/null; exit 5", language="bash")
+    assert r.stdout == "42\n" and r.exit_code == 5
+
+
+def test_non_utf8_output_is_replaced(box: Sandbox) -> None:
+    r = box.run("import sys\nsys.stdout.buffer.write(b'\\xff\\xfeok')")
+    assert r.ok and r.stdout.endswith("ok") and "\ufffd" in r.stdout
+
+
+def test_bad_arguments_raise(box: Sandbox) -> None:
+    with pytest.raises(ValueError):
+        box.run("print(1)", files={"../evil": "x"})
+    with pytest.raises(ValueError):
+        box.run("print(1)", language="ruby")  # type: ignore[arg-type]
+
+
+def test_session_keeps_files_not_processes(box: Sandbox) -> None:
+    s = box.session()
+    try:
+        r = s.run("mkdir -p d && echo hi > d/f.txt && (sleep 300 &) && echo ok", language="bash")
+        assert r.stdout == "ok\n", r
+        r = s.run("cat d/f.txt; ls", language="bash")
+        assert r.stdout.startswith("hi\n"), r
+    finally:
+        s.close()
+    other = box.session()
+    try:
+        r = other.run("ls d 2>&1 || echo missing", language="bash")
+        assert "missing" in r.stdout, "a new session must not see another session's files"
+    finally:
+        other.close()
+
+
+def test_summary_mentions_limits() -> None:
+    r = ExecResult(stdout="a\n", stderr="b\n", exit_code=-9, timed_out=True)
+    text = r.summary()
+    assert "a" in text and "[stderr]" in text and "timed out" in text
+    assert ExecResult(exit_code=0).summary() == "(no output)"
+    long = ExecResult(stdout="x" * 10_000, exit_code=0).summary(max_chars=100)
+    assert len(long) < 200 and "cut" in long
+
+
+def test_unknown_backend_and_missing_bwrap_raise_clearly() -> None:
+    with pytest.raises(SandboxUnavailable, match="unknown sandbox backend"):
+        get_sandbox("nope")
+    with pytest.raises(SandboxUnavailable, match="apt install bubblewrap"):
+        get_sandbox("bwrap", bwrap="/nonexistent/bwrap")
+
+
+def test_unreachable_docker_raises_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    with pytest.raises(SandboxUnavailable, match="dockerd-start.sh"):
+        get_sandbox("docker")
+
+
+def test_auto_prefers_bwrap() -> None:
+    from agentgym.sandbox.bwrap import bwrap_available
+
+    box = get_sandbox("auto")
+    try:
+        assert box.name == ("bwrap" if bwrap_available() else "process")
+    finally:
+        box.close()
+
+
+def test_warm_pool_runs_concurrently_and_recovers() -> None:
+    from agentgym.sandbox.bwrap import BwrapSandbox, bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap missing")
+    box = BwrapSandbox(warm=True, workers=2)
+    results: list[ExecResult] = []
+    try:
+        threads = [threading.Thread(target=lambda i=i: results.append(box.run(f"print({i})"))) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(r.stdout for r in results) == [f"{i}\n" for i in range(6)]
+        # kill a worker from outside: the next run transparently starts a new one
+        for w in list(box._all):
+            w.kill()
+        assert box.run("print('back')").stdout == "back\n"
+    finally:
+        box.close()
+
+
+def test_warm_fresh_interpreter_mode() -> None:
+    from agentgym.sandbox.bwrap import BwrapSandbox, bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap missing")
+    with BwrapSandbox(warm=True, fresh_interpreter=True) as box:
+        r = box.run("import sys\nprint(sys.flags.isolated, len(sys.modules) < 200)")
+        assert r.ok and r.stdout == "1 True\n", r
