@@ -171,6 +171,11 @@ def register(app: typer.Typer) -> None:
                                                             "(repeatable).")] = None,
         retry_errors: Annotated[bool, typer.Option("--retry-errors/--no-retry-errors",
                                                    help="On resume, rerun episodes that ended with an error.")] = True,
+        sampling_seeds: Annotated[bool, typer.Option("--sampling-seeds/--no-sampling-seeds",
+                                                     help="Seed every turn's sampling (reproducible; HF then "
+                                                     "runs rows one at a time).")] = True,
+        batch_requests: Annotated[bool, typer.Option("--batch-requests/--no-batch-requests",
+                                                     help="Coalesce concurrent turns into batched policy calls.")] = True,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     ) -> None:
         """Evaluate a policy over envs with a recorded protocol; writes episodes.jsonl and summary.json."""
@@ -188,7 +193,8 @@ def register(app: typer.Typer) -> None:
                 max_turns=max_turns, max_total_tokens=max_total_tokens, max_wall_s=max_wall_s,
                 max_tokens=max_tokens, temperature=temperature, top_p=top_p, concurrency=concurrency,
                 parser=parser, history_window=window, env_kwargs=_parse_kwargs(env_kwarg),
-                retry_errors=retry_errors, policy_spec=policy)
+                retry_errors=retry_errors, policy_spec=policy, sampling_seeds=sampling_seeds,
+                batch_requests=batch_requests)
             config.validate()
             from agentgym.registration import env_entry
 

@@ -36,6 +36,7 @@ import agentgym
 from agentgym.errors import ConfigurationError
 from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
 from agentgym.policy import Policy, SamplingParams
+from agentgym.rollout.batching import micro_batch
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.episode import TokenMode, uses_tokens
 from agentgym.rollout.jsonl import append_jsonl, iter_jsonl
@@ -72,6 +73,11 @@ class EvalConfig:
         env_kwargs: Extra constructor kwargs for every env.
         retry_errors: On resume, rerun episodes that ended with an error.
         policy_spec: The spec string the policy came from (recorded only).
+        sampling_seeds: Give every turn a sampling seed derived from (seed, task, sample, turn), so a
+            rerun reproduces the run where the backend honours seeds. (HFPolicy runs seeded rows one
+            at a time; turn this off for throughput.)
+        batch_requests: Coalesce concurrent turns into batched policy calls
+            (:func:`~agentgym.rollout.batching.micro_batch`).
     """
 
     envs: list[str]
@@ -94,6 +100,8 @@ class EvalConfig:
     policy_spec: str | None = None
     policy_timeout_s: float = 600.0
     env_timeout_s: float = 300.0
+    sampling_seeds: bool = True
+    batch_requests: bool = True
 
     def validate(self) -> None:
         if not self.envs:
@@ -136,7 +144,8 @@ class EvalConfig:
     def fingerprint(self) -> dict[str, Any]:
         """Settings that must match to resume into the same directory."""
         d = asdict(self)
-        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s"):
+        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s",
+                  "batch_requests"):
             d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
         return d
 
@@ -277,13 +286,14 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
                         continue
                     requests.append(GroupRequest(
                         env_id, task.task_id, seed=seed, group_id=key,
-                        sampling_seed=(seed * 100_003 + ti * 101 + s) % (2**31 - 1),
+                        sampling_seed=(seed * 100_003 + ti * 101 + s) % (2**31 - 1) if config.sampling_seeds else None,
                         info={"eval_key": key, "sample": s, "task_index": ti, "split": config.split}))
         total = len(plan) * len(config.seeds) * config.samples
         n_done = total - len(requests)
         if progress is not None:
             progress(n_done, total, None)
-        wf = MultiTurnWorkflow(policy, 1, sampling=config.sampling(), limits=config.limits(),
+        runner_policy = micro_batch(policy, max_batch=config.concurrency) if config.batch_requests else policy
+        wf = MultiTurnWorkflow(runner_policy, 1, sampling=config.sampling(), limits=config.limits(),
                                token_mode=config.token_mode, history_window=config.history_window)
         path = out / EPISODES_FILE
 
@@ -368,7 +378,8 @@ def _protocol(policy: Policy, config: EvalConfig, envs: dict[str, Any]) -> dict[
         "limits": config.limits().to_dict(),
         "max_turns": {e: (config.max_turns or v["max_episode_steps"]) for e, v in envs.items()},
         "sampling": asdict(config.sampling()),
-        "sampling_seed": "derived from (seed, task index, sample)",
+        "sampling_seed": "derived from (seed, task index, sample, turn)" if config.sampling_seeds else None,
+        "batch_requests": config.batch_requests,
         "seeds": list(config.seeds),
         "samples": config.samples,
         "split": config.split,

@@ -7,12 +7,14 @@
 * :class:`RolloutLimits`: turn, token and wall-time limits, each giving ``truncated``.
 * Gates: :class:`SelectiveRolloutGate`, :class:`ZeroVarianceDetector`, :func:`gate_precision`.
 * JSONL: :func:`write_jsonl`, :func:`append_jsonl`, :func:`read_jsonl`.
+* :func:`micro_batch`: coalesce concurrent per-turn requests for static-batching backends (HF).
 
 This package imports only the core (``agentgym.*``); policies come in as objects.
 """
 
 from __future__ import annotations
 
+from agentgym.rollout.batching import MicroBatcher, micro_batch
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.episode import Conversation, EpisodeSpec, run_episode
 from agentgym.rollout.gates import (
@@ -43,6 +45,7 @@ __all__ = [
     "GateRecord",
     "GroupRequest",
     "GroupState",
+    "MicroBatcher",
     "MultiTurnWorkflow",
     "RolloutEngine",
     "RolloutLimits",
@@ -57,6 +60,7 @@ __all__ = [
     "iter_jsonl",
     "levenshtein",
     "mean_pairwise_distance",
+    "micro_batch",
     "normalized_distance",
     "parse_verdict",
     "read_jsonl",

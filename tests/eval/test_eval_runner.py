@@ -57,10 +57,10 @@ async def test_success_rate_and_ci_over_seeds_are_computed_not_assumed(tmp_path:
 async def test_resume_skips_finished_and_extends(tmp_path: Path) -> None:
     pol = TickPolicy()
     await arun_eval(pol, EvalConfig([ENV], tasks=2, seeds=[0]), tmp_path)
-    first_calls = pol.calls
+    first_calls = len(pol.requests)
     assert lines(tmp_path) == 2
     s = await arun_eval(pol, EvalConfig([ENV], tasks=2, seeds=[0]), tmp_path)
-    assert pol.calls == first_calls and lines(tmp_path) == 2 and s["finished_episodes"] == 2  # nothing rerun
+    assert len(pol.requests) == first_calls and lines(tmp_path) == 2 and s["finished_episodes"] == 2  # nothing rerun
     s = await arun_eval(pol, EvalConfig([ENV], tasks=2, seeds=[0, 1]), tmp_path)  # add a seed
     assert lines(tmp_path) == 4 and s["finished_episodes"] == 4 and s["envs"][ENV]["success"]["n"] == 2
 
@@ -93,7 +93,7 @@ async def test_cancel_leaves_resumable_output(tmp_path: Path) -> None:
     assert len(load_episodes(tmp_path)) == 16 and lines(tmp_path) == 16  # no episode run twice
     # the rerun made exactly the policy calls of the missing episodes (ok-N takes N+1 turns)
     missing = [t for t in load_episodes(tmp_path).values() if t.info["eval_key"] not in done_before]
-    assert pol.calls == sum(int(t.task_id.split("-")[1]) + 1 for t in missing) > 0
+    assert len(pol.requests) == sum(int(t.task_id.split("-")[1]) + 1 for t in missing) > 0
 
 
 async def test_protocol_mismatch_refuses_to_resume(tmp_path: Path) -> None:

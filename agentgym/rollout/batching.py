@@ -1,0 +1,129 @@
+"""Request coalescing: many concurrent single-turn requests become batched backend calls.
+
+The engine sends each turn of each episode as its own request. A backend with continuous batching
+(vLLM, an OpenAI-compatible server) batches them itself; a static-batching backend (``HFPolicy``)
+would otherwise serve them one call at a time. :func:`micro_batch` wraps such a policy: requests
+that arrive while a batch is running queue up and go out together as the next batch, so the
+batch size adapts to the load without turn-synchronous barriers.
+
+If a batched call raises, each of its requests is retried alone, so one bad request loses only its
+own episode. Token-in/token-out is preserved (``new_session`` is passed through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from agentgym.policy import ChatSession, Generation, GenRequest, Policy
+
+__all__ = ["MicroBatcher", "TokenMicroBatcher", "micro_batch"]
+
+
+class MicroBatcher:
+    """Wrap ``policy`` so concurrent ``generate`` calls are coalesced.
+
+    Args:
+        policy: The backend.
+        max_batch: Most requests per backend call.
+        max_wait_s: How long the first request of an idle batcher waits for company.
+        max_inflight: Backend calls running at once (1 suits a policy that serializes calls).
+    """
+
+    def __init__(self, policy: Policy, max_batch: int = 32, max_wait_s: float = 0.005, max_inflight: int = 1) -> None:
+        self.policy = policy
+        self.policy_id = policy.policy_id
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_inflight = max_inflight
+        self._pending: list[tuple[GenRequest, asyncio.Future[list[Generation]]]] = []
+        self._inflight = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batch_sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:  # weight_version, tokenizer, describe(), ...
+        if name.startswith("_") or name == "policy":
+            raise AttributeError(name)
+        return getattr(self.policy, name)
+
+    async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[list[Generation]]] = []
+        for r in requests:
+            fut: asyncio.Future[list[Generation]] = loop.create_future()
+            self._pending.append((r, fut))
+            futs.append(fut)
+        self._schedule(loop)
+        results = await asyncio.gather(*futs)
+        return [g for res in results for g in res]
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._pending or self._inflight >= self.max_inflight:
+            return  # the running batch's completion flushes the queue
+        if len(self._pending) >= self.max_batch or self.max_wait_s <= 0:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.max_wait_s, self._flush)
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._pending and self._inflight < self.max_inflight:
+            batch = [(r, f) for r, f in self._pending[: self.max_batch]]
+            del self._pending[: self.max_batch]
+            batch = [(r, f) for r, f in batch if not f.done()]  # callers that gave up (timeouts)
+            if not batch:
+                continue
+            self._inflight += 1
+            task = asyncio.ensure_future(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[GenRequest, asyncio.Future[list[Generation]]]]) -> None:
+        try:
+            self.batch_sizes.append(len(batch))
+            try:
+                gens = await self.policy.generate([r for r, _ in batch])
+                if len(gens) != sum(r.n for r, _ in batch):
+                    raise RuntimeError(f"policy returned {len(gens)} generations for {len(batch)} requests")
+            except Exception as e:
+                if len(batch) == 1:
+                    if not batch[0][1].done():
+                        batch[0][1].set_exception(e)
+                    return
+                for r, f in batch:  # isolate the failing request
+                    try:
+                        one = await self.policy.generate([r])
+                    except Exception as e1:
+                        if not f.done():
+                            f.set_exception(e1)
+                    else:
+                        if not f.done():
+                            f.set_result(list(one))
+                return
+            i = 0
+            for r, f in batch:
+                if not f.done():
+                    f.set_result(list(gens[i : i + r.n]))
+                i += r.n
+        finally:
+            self._inflight -= 1
+            if self._pending:
+                self._flush()  # everyone queued while we ran goes out now
+
+
+class TokenMicroBatcher(MicroBatcher):
+    """A :class:`MicroBatcher` over a token policy (keeps ``new_session``)."""
+
+    def new_session(self) -> ChatSession:
+        session: ChatSession = self.policy.new_session()  # type: ignore[attr-defined]
+        return session
+
+
+def micro_batch(policy: Policy, max_batch: int = 32, max_wait_s: float = 0.005, max_inflight: int = 1) -> MicroBatcher:
+    """Wrap ``policy`` in the right batcher (token-exact sessions preserved)."""
+    cls = TokenMicroBatcher if callable(getattr(policy, "new_session", None)) else MicroBatcher
+    return cls(policy, max_batch, max_wait_s, max_inflight)
