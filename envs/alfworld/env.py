@@ -58,10 +58,12 @@ class _Recep:
 
 
 class _Obj:
-    __slots__ = ("clean", "cool", "hot", "name", "on", "otype", "pickupable", "recep", "toggleable")
+    __slots__ = ("clean", "cool", "hot", "key", "name", "on", "otype", "pickupable", "recep", "toggleable")
 
     def __init__(self, name: str, otype: str, clean: bool, hot: bool, cool: bool, on: bool) -> None:
         self.name = name
+        word, _, num = name.rpartition(" ")
+        self.key = (word, -int(num))  # ALFWorld lists things by type, then by number downwards
         self.otype = otype
         self.recep: _Recep | None = None
         self.clean = clean
@@ -227,7 +229,7 @@ class ALFWorldEnv(AgentEnv):
         self._receps = {}
         self._objs = {}
         self._order = []
-        for i, r in enumerate(spec.receptacles):
+        for i, r in enumerate(sorted(spec.receptacles, key=lambda r: _name_key(r.name))):
             assert r.type is not None
             rec = _Recep(r.name, r.type, bool(r.openable), bool(r.open or not r.openable), r.loc or i + 1, i)
             self._receps[r.name] = rec
@@ -238,6 +240,7 @@ class ALFWorldEnv(AgentEnv):
                 o.recep = rec
                 rec.contents.append(o)
                 self._objs[c.name] = o
+            rec.contents.sort(key=_key)
         g = spec.goal
         self._gtype = g.task_type
         self._gobj = g.object
@@ -399,6 +402,7 @@ class ALFWorldEnv(AgentEnv):
         if r is None or not r.opened or o.otype not in r.accepts:
             return None
         r.contents.append(o)
+        r.contents.sort(key=_key)
         o.recep = r
         self._held = None
         self._adm = None
@@ -467,7 +471,7 @@ class ALFWorldEnv(AgentEnv):
         o = self._objs.get(rest)
         if o is None:
             return None
-        if o is not self._held and (o.recep is None or o.recep is not self._at or not o.recep.opened):
+        if o is not self._held:  # ALFWorld examines only the object in hand
             return None
         n = o.name
         if o.otype in V.RECEPTACLE_OBJECTS:
@@ -497,14 +501,15 @@ class ALFWorldEnv(AgentEnv):
         if rest:
             return None
         if self._at is None:
-            return self._intro()
+            # ALFWorld's look rule lists the receptacles at the agent's location: none at the start
+            return "You are in the middle of a room. Looking quickly around you, you see nothing."
         return f"You are facing the {self._at.name}. Next to it, you see nothing."
 
     def _cmd_help(self, rest: str) -> str | None:
         if rest:
             return None
         return (
-            "\nAvailable commands:\n  look:                             look around your current location\n"
+            "Available commands:\n  look:                             look around your current location\n"
             "  inventory:                        check your current inventory\n"
             "  go to (receptacle):               move to a receptacle\n"
             "  open (receptacle):                open a receptacle\n"
@@ -516,6 +521,7 @@ class ALFWorldEnv(AgentEnv):
             "  heat (object) with (receptacle):  heat an object using a receptacle\n"
             "  clean (object) with (receptacle): clean an object using a receptacle\n"
             "  cool (object) with (receptacle):  cool an object using a receptacle\n"
+            "  slice (object) with (object):     slice an object using a sharp object\n"
         )
 
     # ------------------------------------------------------------------------------- admissible
@@ -556,8 +562,12 @@ class ALFWorldEnv(AgentEnv):
             adm.append("examine " + name)
         if held is not None:
             adm.append("examine " + held.name)
-        adm.append("inventory")
-        adm.append("look")
+        if self.grammar == "classic":
+            adm.append("inventory")
+            adm.append("look")
+            return adm
+        adm += ("help", "inventory", "look")
+        adm.sort()  # alfworld 0.4 (TextWorld) lists them sorted
         return adm
 
     # ------------------------------------------------------------------------------- expert
@@ -645,6 +655,15 @@ class ALFWorldEnv(AgentEnv):
         if home is None:
             return "look"
         return self._put_into(o, home)
+
+
+def _name_key(name: str) -> tuple[str, int]:
+    word, _, num = name.rpartition(" ")
+    return (word, -int(num))
+
+
+def _key(o: _Obj) -> tuple[str, int]:
+    return o.key
 
 
 def _listing_names(names: list[str]) -> str:
