@@ -1,7 +1,8 @@
 """Scripted policies: a callable (or the env's expert) behind the async Policy contract.
 
 A scripted policy is the test twin of a model policy (like httpx's MockTransport): same contract,
-no model. ``ScriptedPolicy(fn)`` calls ``fn(messages) -> str | Message``; ``ExpertPolicy`` asks the
+no model. Like the model policies, it cuts its text at the request's stop strings and returns an
+empty completion for ``max_tokens=0``. ``ScriptedPolicy(fn)`` calls ``fn(messages) -> str | Message``; ``ExpertPolicy`` asks the
 env's privileged expert through ``GenRequest.oracle``, which the rollout engine fills in.
 """
 
@@ -12,20 +13,27 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agentgym.errors import PolicyError
-from agentgym.policy import GenRequest, Generation
+from agentgym.policy import Generation, GenRequest
 from agentgym.types import Message
+
+from ._common import cut_at_stop as _cut_at_stop
 
 __all__ = ["ExpertPolicy", "ScriptedPolicy"]
 
 Script = Callable[[list[Message]], "str | Message | Awaitable[str | Message]"]
 
 
-def _to_generation(out: Any, version: int) -> Generation:
+def _to_generation(out: Any, version: int, req: GenRequest | None = None) -> Generation:
+    stop = req.sampling.stop if req is not None else None
+    if req is not None and req.sampling.max_tokens == 0:
+        return Generation(text="", finish_reason="length", weight_version=version)
     if isinstance(out, str):
-        return Generation(text=out, weight_version=version)
+        text, _ = _cut_at_stop(out, stop)
+        return Generation(text=text, weight_version=version)
     if isinstance(out, dict) and out.get("role") == "assistant":
         calls = out.get("tool_calls") or None
-        return Generation(text=out.get("content") or "", tool_calls=calls, weight_version=version)
+        text, _ = _cut_at_stop(out.get("content") or "", stop)
+        return Generation(text=text, tool_calls=calls, weight_version=version)
     raise PolicyError(f"scripted policy returned {type(out).__name__}; expected str or assistant message")
 
 
@@ -44,7 +52,7 @@ class ScriptedPolicy:
                 res = self.fn(list(req.messages or []))
                 if inspect.isawaitable(res):
                     res = await res
-                out.append(_to_generation(res, self.weight_version))
+                out.append(_to_generation(res, self.weight_version, req))
         return out
 
 
