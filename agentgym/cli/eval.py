@@ -32,7 +32,7 @@ def resolve_policy(spec: str) -> Policy:
 
     ``py:module:attr`` imports ``attr`` (a Policy, or a zero-argument factory returning one);
     everything else goes to ``agentgym.policies.from_spec`` (``hf:...``, ``vllm:...``,
-    ``openai:...``, ``expert``...). ``expert`` works even before that exists.
+    ``openai:...``, ``expert``...). ``expert`` and ``hf:MODEL`` work even before that exists.
     """
     from agentgym.errors import ConfigurationError
 
@@ -60,8 +60,13 @@ def resolve_policy(spec: str) -> Policy:
         from agentgym.policies.scripted import ExpertPolicy
 
         return ExpertPolicy()
+    if spec.startswith("hf:") and len(spec) > 3:
+        from agentgym.policies.hf import HFPolicy
+
+        return HFPolicy(spec[3:], policy_id=spec)
     raise ConfigurationError(
-        f"--policy {spec!r}: policy specs other than 'expert' and 'py:MODULE:ATTR' need agentgym.policies.from_spec, "
+        f"--policy {spec!r}: policy specs other than 'expert', 'hf:MODEL' and 'py:MODULE:ATTR' need "
+        "agentgym.policies.from_spec, "
         "which this installation lacks.")
 
 
