@@ -120,7 +120,9 @@ class SceneSpec(_Model):
         names: set[str] = set()
         rtypes: set[str] = set()
         otypes: dict[str, str] = {}
-        for r in self.receptacles:
+        for i, r in enumerate(self.receptacles):
+            if r.loc is None:
+                r.loc = i + 1
             rt = r.type or V.type_from_name(r.name)
             if rt not in V.RECEPTACLE_TYPES:
                 raise ValueError(
