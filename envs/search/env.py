@@ -149,6 +149,7 @@ class SearchEnv(AgentEnv):
         self._index_path, self._corpus_path, self._mmap = index, corpus, mmap
         self._timeout_s, self._retries = retrieval_timeout_s, retrieval_retries
         self._retriever: Retriever | None = None if isinstance(retriever, str) else retriever
+        self._owns_retriever = isinstance(retriever, str)  # close only what this env opened
         if isinstance(retriever, str) and retriever not in ("bm25", "dense") and not retriever.startswith(("http://", "https://")):
             raise ConfigurationError(f"retriever must be 'bm25', 'dense', an http(s) URL or a Retriever, got {retriever!r}.")
         self._world: GeneratedWorld | None = None
@@ -210,7 +211,7 @@ class SearchEnv(AgentEnv):
 
     def close(self) -> None:
         closer = getattr(self._retriever, "close", None)
-        if callable(closer) and not isinstance(self._retriever, BM25Index):
+        if self._owns_retriever and callable(closer) and not isinstance(self._retriever, BM25Index):
             closer()
         super().close()
 
