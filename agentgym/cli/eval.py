@@ -94,6 +94,24 @@ def _parse_seeds(value: str) -> list[int]:
     return out
 
 
+def _parse_split(value: str) -> tuple[str, dict[str, str]]:
+    default: str | None = None
+    overrides: dict[str, str] = {}
+    for item in _split_list(value, "--split"):
+        if "=" in item:
+            env_id, _, name = item.partition("=")
+            if not env_id.strip() or not name.strip():
+                raise typer.BadParameter(f"bad --split item {item!r}; use ENV=SPLIT")
+            from agentgym.registration import env_entry
+
+            overrides[env_entry(env_id.strip()).id] = name.strip()
+        elif default is None:
+            default = item
+        else:
+            raise typer.BadParameter(f"--split names two default splits ({default!r}, {item!r})")
+    return default or "test", overrides
+
+
 def _parse_history(value: str) -> int | None:
     if value.lower() == "full":
         return None
@@ -159,7 +177,8 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec: expert, hf:smollm2-135m-instruct, "
                                             "vllm:..., openai:..., or py:MODULE:ATTR.")],
         out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (rerun to resume).")],
-        split: Annotated[str, typer.Option(help="Task split.")] = "test",
+        split: Annotated[str, typer.Option(help="Task split; 'test' falls back to an env's held-out split "
+                                           "(ALFWorld: valid_unseen). Per env: test,agentgym/ALFWorld-v0=valid_seen")] = "test",
         tasks: Annotated[int | None, typer.Option(help="Tasks per env (default: the whole split).")] = None,
         samples: Annotated[int, typer.Option(help="Episodes per task and seed (the k of pass@k).")] = 1,
         seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2 or 0-4; CIs are over seeds.")] = "0",
@@ -191,10 +210,11 @@ def register(app: typer.Typer) -> None:
         from agentgym.eval.runner import EvalConfig, arun_eval
 
         try:
+            split_name, split_overrides = _parse_split(split)
             seed_list = _parse_seeds(seeds)
             window = _parse_history(history)
             config = EvalConfig(
-                envs=_split_list(env, "--env"), split=split, tasks=tasks, samples=samples, seeds=seed_list,
+                envs=_split_list(env, "--env"), split=split_name, split_overrides=split_overrides, tasks=tasks, samples=samples, seeds=seed_list,
                 max_turns=max_turns, max_total_tokens=max_total_tokens, max_wall_s=max_wall_s,
                 max_tokens=max_tokens, temperature=temperature, top_p=top_p, concurrency=concurrency,
                 parser=parser, history_window=window, env_kwargs=_parse_kwargs(env_kwarg),

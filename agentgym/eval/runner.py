@@ -59,7 +59,9 @@ class EvalConfig:
 
     Attributes:
         envs: Env ids.
-        split: Task split (``"test"``...); must exist in every env.
+        split: Task split (``"test"``...). An env without a ``test`` split uses its held-out split
+            (``valid_unseen`` for ALFWorld; see :func:`resolve_split`); the split used is recorded.
+        split_overrides: ``{env_id: split}`` for envs that should use another split.
         tasks: Tasks per env (``None``: the whole split). Chosen evenly spread over the split.
         samples: Episodes per task and seed (K of pass@k).
         seeds: Env/sampling seeds; CIs are computed over seeds.
@@ -102,6 +104,7 @@ class EvalConfig:
     env_timeout_s: float = 300.0
     sampling_seeds: bool = True
     batch_requests: bool = True
+    split_overrides: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not self.envs:
@@ -148,6 +151,25 @@ class EvalConfig:
                   "batch_requests"):
             d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
         return d
+
+
+TEST_SPLIT_FALLBACKS = ("valid_unseen", "validation", "valid", "dev", "eval")
+
+
+def resolve_split(env_id: str, splits: Sequence[str] | None, config: EvalConfig) -> str:
+    """The split to use for ``env_id``: a per-env override, the requested split, or for ``"test"``
+    on an env without one, its held-out split (first of :data:`TEST_SPLIT_FALLBACKS`).
+    """
+    wanted = config.split_overrides.get(env_id, config.split)
+    if splits is None or wanted in splits:
+        return wanted
+    if wanted == "test" and env_id not in config.split_overrides:
+        for alt in TEST_SPLIT_FALLBACKS:
+            if alt in splits:
+                return alt
+    raise ConfigurationError(
+        f"{env_id} has no split {wanted!r}; its splits are: {', '.join(splits)}. "
+        f"Pick one for this env with --split {config.split},{env_id}={splits[-1]}.")
 
 
 def episode_key(env_id: str, task_id: str, seed: int | None, sample: int) -> str:
@@ -259,18 +281,15 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         for env_id in env_ids:
             async with runtime.env(env_id, timeout=config.env_timeout_s) as env:
                 inner = env.unwrapped
-                splits = getattr(inner, "splits", None)
-                if splits is not None and config.split not in splits:
-                    raise ConfigurationError(
-                        f"{env_id} has no split {config.split!r}; its splits are: {', '.join(splits)}.")
+                split = resolve_split(env_id, getattr(inner, "splits", None), config)
                 tasks_fn = getattr(inner, "tasks", None)
                 if not callable(tasks_fn):
                     raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.")
-                pool = list(await runtime.call(tasks_fn, config.split, timeout=config.env_timeout_s))
+                pool = list(await runtime.call(tasks_fn, split, timeout=config.env_timeout_s))
                 if not pool:
-                    raise ConfigurationError(f"{env_id} split {config.split!r} has no tasks.")
+                    raise ConfigurationError(f"{env_id} split {split!r} has no tasks.")
                 chosen = select_tasks(pool, config.tasks)
-                envs_proto[env_id] = _env_protocol(env_id, env, config.split, chosen, len(pool))
+                envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool))
                 plan += [(env_id, i, t) for i, t in enumerate(chosen)]
         protocol = _protocol(policy, config, envs_proto)
         (out / RUN_FILE).write_text(json.dumps({"fingerprint": config.fingerprint(), "protocol": protocol},
@@ -287,7 +306,8 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
                     requests.append(GroupRequest(
                         env_id, task.task_id, seed=seed, group_id=key,
                         sampling_seed=(seed * 100_003 + ti * 101 + s) % (2**31 - 1) if config.sampling_seeds else None,
-                        info={"eval_key": key, "sample": s, "task_index": ti, "split": config.split}))
+                        info={"eval_key": key, "sample": s, "task_index": ti,
+                              "split": envs_proto[env_id]["split"]}))
         total = len(plan) * len(config.seeds) * config.samples
         n_done = total - len(requests)
         if progress is not None:
@@ -383,6 +403,7 @@ def _protocol(policy: Policy, config: EvalConfig, envs: dict[str, Any]) -> dict[
         "seeds": list(config.seeds),
         "samples": config.samples,
         "split": config.split,
+        "splits_used": {e: v["split"] for e, v in envs.items()},
         "tasks": config.tasks,
         "task_selection": "evenly spread over the split's stable order",
         "env_kwargs": config.env_kwargs,

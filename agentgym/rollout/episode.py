@@ -180,7 +180,7 @@ class Conversation:
         gen = gens[0]
         if prompt_ids is None:
             prompt_ids = self._message_mode_delta(gen)
-        self._add_assistant(gen)
+        self.add_generation(gen)
         return gen, prompt_ids
 
     def _message_mode_delta(self, gen: Generation) -> list[int]:
@@ -198,7 +198,8 @@ class Conversation:
         self._ctx_ids = full + list(gen.token_ids)
         return delta
 
-    def _add_assistant(self, gen: Generation) -> None:
+    def add_generation(self, gen: Generation) -> None:
+        """Record a completion (history + token session). :meth:`generate` calls this itself."""
         msg: Message = {"role": "assistant", "content": gen.text}
         if gen.tool_calls:
             msg["tool_calls"] = list(gen.tool_calls)

@@ -146,3 +146,21 @@ async def test_report_compares_runs(tmp_path: Path) -> None:
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     with pytest.raises(ConfigurationError, match=r"summary\.json"):
         write_report([tmp_path], tmp_path / "rep2")
+
+
+async def test_split_fallback_and_overrides(tmp_path: Path) -> None:
+    from rollout_fakes import CounterEnv
+
+    from agentgym.registration import register_env
+
+    class NoTestSplit(CounterEnv):
+        splits = ("train", "valid_seen", "valid_unseen")
+
+    register_env("agentgym/TestNoTest-v0", NoTestSplit, family="test", max_episode_steps=20)
+    s = await arun_eval(TickPolicy(), EvalConfig(["agentgym/TestNoTest-v0", ENV], tasks=1), tmp_path / "a")
+    assert s["protocol"]["splits_used"] == {"agentgym/TestNoTest-v0": "valid_unseen", ENV: "test"}
+    cfg = EvalConfig(["agentgym/TestNoTest-v0"], tasks=1, split_overrides={"agentgym/TestNoTest-v0": "valid_seen"})
+    s = await arun_eval(TickPolicy(), cfg, tmp_path / "b")
+    assert s["protocol"]["envs"]["agentgym/TestNoTest-v0"]["split"] == "valid_seen"
+    with pytest.raises(ConfigurationError, match="has no split 'dev'"):
+        await arun_eval(TickPolicy(), EvalConfig(["agentgym/TestNoTest-v0"], split="dev"), tmp_path / "c")
