@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,16 @@ QUESTION_ROWS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep the index cache out of the user's home during tests."""
-    import os
-
-    os.environ.setdefault("AGENTGYM_CACHE", str(tmp_path_factory.mktemp("agentgym-cache")))
+@pytest.fixture(autouse=True, scope="package")
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep the search index cache out of the user's home during these tests, then restore the env."""
+    old = os.environ.get("AGENTGYM_CACHE")
+    os.environ["AGENTGYM_CACHE"] = str(tmp_path_factory.mktemp("agentgym-cache"))
+    yield
+    if old is None:
+        os.environ.pop("AGENTGYM_CACHE", None)
+    else:
+        os.environ["AGENTGYM_CACHE"] = old
 
 
 @pytest.fixture
