@@ -363,8 +363,12 @@ def generate_scene(goal: dict[str, Any]) -> SceneSpec:
     for _ in range(rng.randint(*n_extra)):
         place(rng.choice(pool), None)
     recs = []
+    gname = gobj.lower() + " "
     for (rt, name), loc in zip(receps, locs, strict=True):
-        items = sorted(contents[name], key=_sort_key)
+        items: list[Any] = sorted(contents[name], key=_sort_key)
+        if rt == "Fridge":
+            # as in ALFWorld's generator, goal-type objects that start in the fridge are already cool
+            items = [{"name": n, "cool": True} if n.startswith(gname) else n for n in items]
         recs.append({"name": name, "type": rt, "loc": loc, "contents": items})
     recs.sort(key=lambda r: _sort_key(r["name"]))
     return SceneSpec.model_validate({

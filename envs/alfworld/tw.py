@@ -236,7 +236,8 @@ def scene_to_tw_game(spec: S.SceneSpec, domain: str, grammar: str) -> dict[str, 
             flags = {
                 "pickupable": c.type not in V.TOGGLEABLE, "cleanable": c.type in V.CLEANABLE,
                 "heatable": c.type in V.HEATABLE, "coolable": c.type in V.COOLABLE,
-                "toggleable": c.type in V.TOGGLEABLE, "isClean": c.clean, "isHot": c.hot, "isCool": c.cool,
+                "toggleable": c.type in V.TOGGLEABLE, "isReceptacleObject": c.type in V.RECEPTACLE_OBJECTS,
+                "isClean": c.clean, "isHot": c.hot, "isCool": c.cool,
                 "isToggled": c.on,
             }
             init += [f"({k} {oid})" for k, v in flags.items() if v]

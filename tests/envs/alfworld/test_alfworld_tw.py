@@ -1,0 +1,108 @@
+"""ALFWorld-TW-v0 (the real alfworld package) and the native engine played side by side.
+
+Without ``alfworld`` installed, only the install-instruction tests run. With it (``pip install
+alfworld``; no game data needed), native scenes are exported as ``.tw-pddl`` games and both
+engines must produce the same text, rewards and admissible commands step by step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from agentgym.envs.alfworld.env import ALFWorldEnv
+
+import agentgym
+from agentgym.errors import DependencyNotInstalled
+
+HAVE_ALFWORLD = all(importlib.util.find_spec(m) is not None for m in ("alfworld", "textworld", "fast_downward"))
+needs_alfworld = pytest.mark.skipif(
+    not HAVE_ALFWORLD, reason="alfworld is not installed (pip install alfworld); the native engine is tested alone"
+)
+
+
+def test_missing_package_raises_with_install_instructions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "alfworld", None)  # makes `import alfworld` fail
+    with pytest.raises(DependencyNotInstalled) as err:
+        agentgym.make("agentgym/ALFWorld-TW-v0")
+    msg = str(err.value)
+    assert "pip install alfworld" in msg and "alfworld-download" in msg and "ALFWorld-v0" in msg
+
+
+@needs_alfworld
+def test_missing_data_raises_with_download_instructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    with pytest.raises(DependencyNotInstalled, match="alfworld-download"):
+        agentgym.make("agentgym/ALFWorld-TW-v0")
+
+
+@needs_alfworld
+@pytest.mark.slow
+@pytest.mark.parametrize("split, indices", [("valid_unseen", range(0, 6)), ("train", range(100, 106))])
+def test_native_engine_matches_real_alfworld(tmp_path: Path, split: str, indices: range) -> None:
+    from agentgym.envs.alfworld.tw import ALFWorldTWEnv, write_tw_game
+
+    native = ALFWorldEnv(grammar="v0.4", obs_style="raw")
+    rng = random.Random(len(split))
+    types, steps = set(), 0
+    for idx in indices:
+        native.reset(options={"split": split, "index": idx})
+        scene = native.scene_spec()
+        game = write_tw_game(scene, tmp_path / f"game{idx}.tw-pddl")
+        real = ALFWorldTWEnv(game_files=[str(game)], obs_style="raw")
+        o_real, i_real = real.reset(seed=0)
+        o_nat, i_nat = native.reset(options={"scene": scene})
+        assert o_real[-1] == o_nat[-1]
+        assert i_real["admissible_actions"] == i_nat["admissible_actions"]
+        adm = i_nat["admissible_actions"]
+        for _ in range(30):
+            u = rng.random()
+            if u < 0.4:
+                cmd = native.expert_action()
+            elif u < 0.85:
+                cmd = rng.choice(adm)
+            else:
+                cmd = rng.choice(["look", "inventory", "help", "", "go to moon 1", "examine " + rng.choice(list(native._objs)),
+                                  "use desklamp 1", "take mug 1 from fridge 1", "put apple 1 in/on countertop 1"])
+            r_real = real.step(cmd)
+            r_nat = native.step(cmd)
+            steps += 1
+            assert r_real[0] == r_nat[0], cmd
+            assert r_real[1:4] == r_nat[1:4], cmd
+            assert r_real[4].get("admissible_actions") == r_nat[4].get("admissible_actions"), cmd
+            if r_nat[2]:
+                break
+            adm = r_nat[4]["admissible_actions"]
+        types.add(scene.goal.task_type)
+        real.close()
+    assert len(types) == 6 and steps >= 60
+
+
+@needs_alfworld
+@pytest.mark.slow
+def test_react_style_strips_like_the_harnesses(tmp_path: Path) -> None:
+    from agentgym.envs.alfworld.tw import ALFWorldTWEnv, write_tw_game
+
+    native = ALFWorldEnv(grammar="v0.4")
+    o_nat, _ = native.reset(options={"split": "valid_seen", "index": 3})
+    game = write_tw_game(native.scene_spec(), tmp_path / "g.tw-pddl")
+    real = ALFWorldTWEnv(game_files=[str(game)])
+    o_real, _ = real.reset()
+    assert o_real[-1] == o_nat[-1] and "Welcome" not in o_real[-1]["content"]
+    real.close()
+
+
+@needs_alfworld
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (Path(os.environ.get("ALFWORLD_DATA", Path.home() / ".cache" / "alfworld")) / "json_2.1.1").is_dir(),
+    reason="ALFWorld's game data is not downloaded (run alfworld-download)",
+)
+def test_real_alfworld_data_passes_the_checker() -> None:
+    env = agentgym.make("agentgym/ALFWorld-TW-v0")
+    assert len(env.unwrapped.tasks("valid_seen")) > 0
+    agentgym.check_env(env, gym_checks=False)
