@@ -312,7 +312,8 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         n_done = total - len(requests)
         if progress is not None:
             progress(n_done, total, None)
-        runner_policy = micro_batch(policy, max_batch=config.concurrency) if config.batch_requests else policy
+        runner_policy = (micro_batch(policy, max_batch=config.concurrency, runtime=runtime)
+                         if config.batch_requests else policy)
         wf = MultiTurnWorkflow(runner_policy, 1, sampling=config.sampling(), limits=config.limits(),
                                token_mode=config.token_mode, history_window=config.history_window)
         path = out / EPISODES_FILE

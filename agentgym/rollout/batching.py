@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentgym.policy import ChatSession, Generation, GenRequest, Policy
+from agentgym.rollout.runtime import RolloutRuntime
 
 __all__ = ["MicroBatcher", "TokenMicroBatcher", "micro_batch"]
 
@@ -31,8 +32,12 @@ class MicroBatcher:
         max_inflight: Backend calls running at once (1 suits a policy that serializes calls).
     """
 
-    def __init__(self, policy: Policy, max_batch: int = 32, max_wait_s: float = 0.005, max_inflight: int = 1) -> None:
+    def __init__(self, policy: Policy, max_batch: int = 32, max_wait_s: float = 0.005, max_inflight: int = 1,
+                 runtime: RolloutRuntime | None = None) -> None:
         self.policy = policy
+        self.runtime = runtime
+        if runtime is not None:
+            runtime.add_listener(lambda _n: self._schedule())
         self.policy_id = policy.policy_id
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -55,17 +60,23 @@ class MicroBatcher:
             fut: asyncio.Future[list[Generation]] = loop.create_future()
             self._pending.append((r, fut))
             futs.append(fut)
-        self._schedule(loop)
+        self._schedule()
         results = await asyncio.gather(*futs)
         return [g for res in results for g in res]
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _want(self) -> int:
+        """Flush as soon as this many requests wait: every active episode (with a runtime), else a full batch."""
+        if self.runtime is not None:
+            return max(1, min(self.max_batch, self.runtime.active))
+        return self.max_batch
+
+    def _schedule(self) -> None:
         if not self._pending or self._inflight >= self.max_inflight:
-            return  # the running batch's completion flushes the queue
-        if len(self._pending) >= self.max_batch or self.max_wait_s <= 0:
+            return  # the running batch's completion schedules the queue
+        if len(self._pending) >= self._want() or self.max_wait_s <= 0:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self.max_wait_s, self._flush)
+            self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -111,8 +122,7 @@ class MicroBatcher:
                 i += r.n
         finally:
             self._inflight -= 1
-            if self._pending:
-                self._flush()  # everyone queued while we ran goes out now
+            self._schedule()
 
 
 class TokenMicroBatcher(MicroBatcher):
@@ -123,7 +133,14 @@ class TokenMicroBatcher(MicroBatcher):
         return session
 
 
-def micro_batch(policy: Policy, max_batch: int = 32, max_wait_s: float = 0.005, max_inflight: int = 1) -> MicroBatcher:
-    """Wrap ``policy`` in the right batcher (token-exact sessions preserved)."""
+def micro_batch(policy: Policy, max_batch: int = 32, max_wait_s: float | None = None, max_inflight: int = 1,
+                runtime: RolloutRuntime | None = None) -> MicroBatcher:
+    """Wrap ``policy`` in the right batcher (token-exact sessions preserved).
+
+    With ``runtime``, a batch goes out as soon as every active episode of the runtime is waiting
+    for a generation (or ``max_batch`` are), else after ``max_wait_s`` (default 50 ms; 5 ms without
+    a runtime, when a batch goes out after the wait or once ``max_batch`` requests queue).
+    """
     cls = TokenMicroBatcher if callable(getattr(policy, "new_session", None)) else MicroBatcher
-    return cls(policy, max_batch, max_wait_s, max_inflight)
+    wait = max_wait_s if max_wait_s is not None else (0.05 if runtime is not None else 0.005)
+    return cls(policy, max_batch, wait, max_inflight, runtime)

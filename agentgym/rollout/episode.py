@@ -278,8 +278,8 @@ async def run_episode(
 
     Never raises for a failing policy or env: the trajectory comes back with ``error`` set. Limits
     give ``truncated`` with ``info["truncated_reason"]``; a gate stop gives ``early_stopped``.
-    The caller must hold one of ``runtime.semaphore``'s slots; it is released while the member
-    waits at a gate's hold point.
+    The caller must hold one of the runtime's slots (``runtime.slot()``); it is released while the
+    member waits at a gate's hold point.
     """
     sampling = sampling or SamplingParams()
     limits = limits or RolloutLimits()
@@ -373,13 +373,13 @@ async def run_episode(
                     t = time.monotonic()
                     # siblings are each bounded by their own per-call timeouts
                     bound = len(actions) * (limits.policy_timeout_s + limits.env_timeout_s)
-                    runtime.semaphore.release()
+                    runtime.release_slot()
                     try:
                         await monitor.hold(len(actions), timeout=_remaining(deadline, bound))
                     except asyncio.TimeoutError:
                         raise TruncatedEpisode("max_wall_s") from None
                     finally:
-                        await runtime.semaphore.acquire()
+                        await runtime.acquire_slot()
                         timing["hold_s"] += time.monotonic() - t
     except TruncatedEpisode as e:
         traj.truncated = True

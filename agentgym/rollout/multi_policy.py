@@ -109,7 +109,7 @@ class SolverVerifierWorkflow:
         async def member(i: int) -> Trajectory:
             spec = EpisodeSpec(request.env_id, request.task_id, request.seed, group_id, i,
                                member_sampling_seed(request.sampling_seed, i), dict(request.info))
-            async with runtime.semaphore:
+            async with runtime.slot():
                 try:
                     async with runtime.env(request.env_id, timeout=self.limits.env_timeout_s) as env:
                         traj = await self._episode(runtime, env, spec)

@@ -92,6 +92,8 @@ class RolloutRuntime:
         self._pools: dict[str, list[gymnasium.Env[Any, Any]]] = {}
         self._broken: set[int] = set()
         self._closed = False
+        self.active = 0  # episodes holding a slot
+        self._listeners: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------------ concurrency
     @property
@@ -99,6 +101,32 @@ class RolloutRuntime:
         if self._sem is None:  # created lazily, inside the running loop
             self._sem = asyncio.Semaphore(self.max_concurrency)
         return self._sem
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the ``max_concurrency`` episode slots (counted in :attr:`active`)."""
+        await self.acquire_slot()
+        try:
+            yield
+        finally:
+            self.release_slot()
+
+    async def acquire_slot(self) -> None:
+        await self.semaphore.acquire()
+        self._set_active(self.active + 1)
+
+    def release_slot(self) -> None:
+        self.semaphore.release()
+        self._set_active(self.active - 1)
+
+    def add_listener(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(active)`` whenever the number of active episodes changes (batchers use it)."""
+        self._listeners.append(fn)
+
+    def _set_active(self, n: int) -> None:
+        self.active = n
+        for fn in list(self._listeners):
+            fn(n)
 
     async def call(self, fn: Callable[..., T], *args: Any, timeout: float | None = None, **kwargs: Any) -> T:
         """Run a blocking call in the worker pool; :class:`EnvTimeout` after ``timeout`` seconds."""

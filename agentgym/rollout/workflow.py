@@ -122,7 +122,7 @@ class MultiTurnWorkflow:
         async def member(i: int) -> Trajectory:
             spec = EpisodeSpec(request.env_id, request.task_id, request.seed, group_id, i,
                                member_sampling_seed(request.sampling_seed, i), dict(request.info))
-            async with runtime.semaphore:
+            async with runtime.slot():
                 try:
                     async with runtime.env(request.env_id, timeout=self.limits.env_timeout_s) as env:
                         traj = await run_episode(runtime, env, self.policy, spec, sampling=self.sampling,

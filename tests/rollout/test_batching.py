@@ -69,3 +69,18 @@ async def test_attributes_pass_through() -> None:
     assert b.version == 5 and not hasattr(b, "new_session")
     with pytest.raises(AttributeError):
         _ = b.no_such_attribute
+
+
+async def test_runtime_aware_batches_wait_for_every_active_episode() -> None:
+    import agentgym
+
+    rt = RolloutRuntime(max_concurrency=4, env_factory=lambda eid: agentgym.make(eid, step_sleep=0.03))
+    pol = TickPolicy(latency=0.02)
+    b = micro_batch(pol, max_batch=4, runtime=rt, max_wait_s=1.0)
+    with rt:
+        groups = await RolloutEngine(rt).run(MultiTurnWorkflow(b), [GroupRequest("agentgym/TestCounter-v0", "ok-2")
+                                                                    for _ in range(4)])
+    assert all(g[0].success for g in groups)
+    # 4 episodes x 3 turns: every batch holds all 4 active episodes (the 1 s cap never fires)
+    assert b.batch_sizes == [4, 4, 4] and pol.calls == 3
+    assert rt.active == 0
