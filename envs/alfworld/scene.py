@@ -362,7 +362,7 @@ def generate_scene(goal: dict[str, Any]) -> SceneSpec:
     n_extra = {"kitchen": (10, 24), "bathroom": (6, 12), "bedroom": (6, 14), "livingroom": (6, 14)}[room]
     for _ in range(rng.randint(*n_extra)):
         place(rng.choice(pool), None)
-    recs = []
+    recs: list[dict[str, Any]] = []
     gname = gobj.lower() + " "
     for (rt, name), loc in zip(receps, locs, strict=True):
         items: list[Any] = sorted(contents[name], key=_sort_key)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -84,8 +85,8 @@ class ALFWorldTWEnv(AgentEnv):
             missing = [g for g in game_files if not Path(g).is_file()]
             if missing:
                 raise ConfigurationError(f"ALFWorld game files not found: {missing[:3]}")
-            self.splits = ("custom",)
-            self.default_split = "custom"
+            self.splits = ("custom",)  # type: ignore[misc]  # this instance plays only the given games
+            self.default_split = "custom"  # type: ignore[misc]
             self._games["custom"] = [str(Path(g).resolve()) for g in game_files]
         else:
             root = Path(data_path or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld")
@@ -122,9 +123,13 @@ class ALFWorldTWEnv(AgentEnv):
         if self._tw is not None:
             self._tw.close()
         infos = tw.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-        self._tw = tw.start(task.data["game_file"], request_infos=infos,
-                            wrappers=[atw.AlfredDemangler, atw.AlfredInfos])
-        state = self._tw.reset()
+        argv = sys.argv[:]  # Fast Downward's translator overwrites sys.argv while loading a game
+        try:
+            self._tw = tw.start(task.data["game_file"], request_infos=infos,
+                                wrappers=[atw.AlfredDemangler, atw.AlfredInfos])
+            state = self._tw.reset()
+        finally:
+            sys.argv[:] = argv
         self._adm = list(state["admissible_commands"])
         text = state["feedback"]
         if self.obs_style == "react":
@@ -171,7 +176,7 @@ class ALFWorldTWEnv(AgentEnv):
 
 def _collect_games(folder: Path) -> list[str]:
     """ALFWorld's solvable, non-sliced, non-movable games under ``folder`` (as AlfredTWEnv picks them)."""
-    out = []
+    out: list[str] = []
     if not folder.is_dir():
         return out
     for game in sorted(folder.glob("*/*/game.tw-pddl")):

@@ -91,7 +91,9 @@ def test_react_style_strips_like_the_harnesses(tmp_path: Path) -> None:
     o_nat, _ = native.reset(options={"split": "valid_seen", "index": 3})
     game = write_tw_game(native.scene_spec(), tmp_path / "g.tw-pddl")
     real = ALFWorldTWEnv(game_files=[str(game)])
+    argv = sys.argv[:]
     o_real, _ = real.reset()
+    assert sys.argv == argv  # Fast Downward rewrites sys.argv; the adapter puts it back
     assert o_real[-1] == o_nat[-1] and "Welcome" not in o_real[-1]["content"]
     real.close()
 
