@@ -214,6 +214,9 @@ def _plots(runs: list[Run], out: Path) -> dict[str, str]:
                     curve = _turn_curve(eps, max_t)
                     label = f"{r.name} · {e.replace('agentgym/', '')}"
                     ax.plot(range(1, max_t + 1), [100 * c for c in curve], marker=".", label=label)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("turns")
         ax.set_ylabel("solved within t turns (%)")
         ax.set_ylim(0, 105)
