@@ -92,6 +92,8 @@ class ALFWorldEnv(AgentEnv):
         grammar: ``"classic"`` (``put X in/on Y``) or ``"v0.4"`` (``move X to Y``).
         split_sizes: Override the number of tasks per split (default: ALFWorld's 3553/140/134).
         system_prompt: Put a system message describing the commands before the first observation.
+        lenient: Accept commands in any case, with extra spaces or a final period. ALFWorld itself
+            (the default, ``False``) answers those with "Nothing happens.".
         parser, format_penalty, render_mode: See :class:`~agentgym.core.AgentEnv`. The parser
             defaults to ``react`` in text mode and ``hermes`` in tool mode.
     """
@@ -109,6 +111,7 @@ class ALFWorldEnv(AgentEnv):
         grammar: str = "classic",
         split_sizes: dict[str, int] | None = None,
         system_prompt: bool = True,
+        lenient: bool = False,
         parser: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -130,6 +133,7 @@ class ALFWorldEnv(AgentEnv):
                 raise ConfigurationError(f"split_sizes: unknown split {k!r} or size {v!r} < 1.")
             self.split_sizes[k] = int(v)
         self.include_system = bool(system_prompt)
+        self.lenient = bool(lenient)
         if action_mode == "text":
             self.tools.remove("take_action")
         self._handlers = {
@@ -292,11 +296,11 @@ class ALFWorldEnv(AgentEnv):
 
     def _execute(self, command: str) -> str:
         """Run one command and return its observation; never raises for the agent's input."""
-        cmd = command.strip().lower()
-        if "  " in cmd or "\n" in cmd or "\t" in cmd:
-            cmd = " ".join(cmd.split())
-        if cmd.endswith("."):
-            cmd = cmd[:-1].rstrip()
+        cmd = command.strip()  # ALFWorld matches the stripped command exactly
+        if self.lenient:
+            cmd = " ".join(cmd.lower().split())
+            if cmd.endswith("."):
+                cmd = cmd[:-1].rstrip()
         if cmd.startswith("think:"):
             return "OK."
         verb, _, rest = cmd.partition(" ")
@@ -352,11 +356,12 @@ class ALFWorldEnv(AgentEnv):
         r = self._receps.get(rest[3:])
         if r is None:
             return None
-        if r is not self._at:
-            self._at = r
-            self._adm = None
-            if self._gtype == "look_at_obj_in_light":
-                self._done_check()
+        if r is self._at:
+            return None  # ALFWorld offers no "go to" the current receptacle
+        self._at = r
+        self._adm = None
+        if self._gtype == "look_at_obj_in_light":
+            self._done_check()
         desc = self._describe(r)
         if self.obs_style == "raw":
             where = f"loc {r.loc}" if self.grammar == "classic" else r.name

@@ -150,7 +150,9 @@ class ALFWorldTWEnv(AgentEnv):
         return self._play("")
 
     def _play(self, command: str) -> StepResult:
-        state, _score, done = self._tw.step(" ".join(command.strip().split()))
+        if command.strip().startswith("think:"):  # the ReAct harness's thought action
+            return StepResult([{"role": "user", "content": "OK."}])
+        state, _score, done = self._tw.step(command.strip())
         self._adm = list(state["admissible_commands"])
         text = state["feedback"]
         if self.obs_style == "react":

@@ -356,8 +356,11 @@ def test_bad_commands_do_nothing(bad: str) -> None:
     assert "admissible_actions" in info
 
 
-def test_commands_are_normalised() -> None:
+def test_commands_match_exactly_unless_lenient() -> None:
     env, _ = scene_env(LETTUCE_SCENE)
+    assert run(env, ["Go to fridge 1", "go to  fridge 1", "go to fridge 1.", "  go to fridge 1 ", "go to fridge 1"]) == [
+        NOTHING, NOTHING, NOTHING, "The fridge 1 is closed.", NOTHING]  # no "go to" where you already are
+    env, _ = scene_env(LETTUCE_SCENE, lenient=True)
     assert run(env, ["  GO TO   Fridge 1. ", "> open fridge 1", "`go to sinkbasin 1`"])[:2] == [
         "The fridge 1 is closed.",
         "You open the fridge 1. The fridge 1 is open. In it, you see a cup 3, a egg 2, a potato 3, and a potato 2."]

@@ -66,8 +66,11 @@ def test_native_engine_matches_real_alfworld(tmp_path: Path, split: str, indices
             elif u < 0.85:
                 cmd = rng.choice(adm)
             else:
+                here = native._at.name if native._at is not None else "moon 1"
                 cmd = rng.choice(["look", "inventory", "help", "", "go to moon 1", "examine " + rng.choice(list(native._objs)),
-                                  "use desklamp 1", "take mug 1 from fridge 1", "put apple 1 in/on countertop 1"])
+                                  "use desklamp 1", "take mug 1 from fridge 1", "put apple 1 in/on countertop 1",
+                                  "go to " + here, "Go to " + here, "open " + here, "close " + here, "LOOK",
+                                  "go  to cabinet 1", "think: where is it?"])
             r_real = real.step(cmd)
             r_nat = native.step(cmd)
             steps += 1
