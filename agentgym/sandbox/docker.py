@@ -156,7 +156,7 @@ class DockerSandbox:
     name = "docker"
 
     def __init__(self, *, image: str = DEFAULT_IMAGE, pool_size: int = 2,
-                 host_mounts: Sequence[str] = ("/usr", "/lib", "/lib64", "/bin"), python: str = "/usr/bin/python3",
+                 host_mounts: Sequence[str] = ("/usr", "/lib", "/lib64", "/bin", "/etc/alternatives"), python: str = "/usr/bin/python3",
                  container_memory_mb: int = 1024, cpus: float = 1.0, pids_limit: int = 128, nproc: int = 64,
                  file_mb: int = 64, api_timeout_s: float = 30.0) -> None:
         self.image = image
