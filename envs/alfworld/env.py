@@ -14,7 +14,9 @@ everything as its TextWorld grammar (``alfred.twl2``) does::
 Two observation styles: ``"react"`` (default) is the text ReAct/AgentBench agents see (no
 TextWorld banner, no ``You arrive at loc N.`` prefix); ``"raw"`` is TextWorld's own output. Two
 grammars: ``"classic"`` (``put X in/on Y``, as in the ALFWorld paper, ReAct and AgentBench) and
-``"v0.4"`` (alfworld 0.4's ``move X to Y`` and ``You arrive at cabinet 1.``).
+``"v0.4"`` (alfworld 0.4's ``move X to Y``, ``You arrive at cabinet 1.`` and ``help``). With
+``grammar="v0.4", obs_style="raw"`` the text and admissible commands are the same as alfworld
+0.4.2's, step for step (``tests/envs/alfworld/test_alfworld_tw.py`` checks it against the package).
 
 Action modes: ``"text"`` (default; plain-text commands through the ``react`` parser) or ``"tool"``
 (one ``take_action(action)`` tool, as in AgentBench's function-calling prompts).
@@ -363,9 +365,10 @@ class ALFWorldEnv(AgentEnv):
         if self._gtype == "look_at_obj_in_light":
             self._done_check()
         desc = self._describe(r)
+        if self.grammar == "v0.4":  # "You arrive at cabinet 1." survives the harnesses' clean-up
+            return f"You arrive at {r.name}. {desc}"
         if self.obs_style == "raw":
-            where = f"loc {r.loc}" if self.grammar == "classic" else r.name
-            return f"You arrive at {where}. {desc}"
+            return f"You arrive at loc {r.loc}. {desc}"
         return desc
 
     def _cmd_open(self, rest: str) -> str | None:

@@ -302,6 +302,8 @@ def test_raw_style_and_v04_grammar() -> None:
         "You arrive at bed 1. On the bed 1, you see a laptop 1, and a pillow 1.",
         "You pick up the laptop 1 from the bed 1.", NOTHING, "You move the laptop 1 to the bed 1."]
     assert "help" in env.admissible_actions()
+    env, _ = scene_env(LAMP_SCENE, grammar="v0.4")  # react style keeps alfworld 0.4's arrival sentence
+    assert run(env, ["go to safe 1"]) == ["You arrive at safe 1. The safe 1 is closed."]
     assert run(env, ["help"])[0].startswith("Available commands:\n  look:")
 
 

@@ -98,6 +98,9 @@ def test_react_style_strips_like_the_harnesses(tmp_path: Path) -> None:
     o_real, _ = real.reset()
     assert sys.argv == argv  # Fast Downward rewrites sys.argv; the adapter puts it back
     assert o_real[-1] == o_nat[-1] and "Welcome" not in o_real[-1]["content"]
+    for _ in range(4):
+        cmd = native.expert_action()
+        assert real.step(cmd)[0] == native.step(cmd)[0], cmd
     real.close()
 
 
