@@ -94,8 +94,9 @@ class ALFWorldEnv(AgentEnv):
         grammar: ``"classic"`` (``put X in/on Y``) or ``"v0.4"`` (``move X to Y``).
         split_sizes: Override the number of tasks per split (default: ALFWorld's 3553/140/134).
         system_prompt: Put a system message describing the commands before the first observation.
-        lenient: Accept commands in any case, with extra spaces or a final period. ALFWorld itself
-            (the default, ``False``) answers those with "Nothing happens.".
+        lenient: Accept commands in any case, with extra spaces or a final period, and
+            ``toggle {lamp} [{recep}]`` for ``use {lamp}``. ALFWorld itself (the default, ``False``)
+            answers those with "Nothing happens.".
         parser, format_penalty, render_mode: See :class:`~agentgym.core.AgentEnv`. The parser
             defaults to ``react`` in text mode and ``hermes`` in tool mode.
     """
@@ -140,10 +141,12 @@ class ALFWorldEnv(AgentEnv):
             self.tools.remove("take_action")
         self._handlers = {
             "go": self._cmd_go, "open": self._cmd_open, "close": self._cmd_close, "take": self._cmd_take,
-            "examine": self._cmd_examine, "use": self._cmd_use, "toggle": self._cmd_use,
+            "examine": self._cmd_examine, "use": self._cmd_use,
             "clean": self._cmd_clean, "heat": self._cmd_heat, "cool": self._cmd_cool,
             "inventory": self._cmd_inventory, "look": self._cmd_look,
         }
+        if self.lenient:  # AgentBench-style prompts also say "toggle {obj} {recep}"
+            self._handlers["toggle"] = self._cmd_toggle
         if grammar == "classic":
             self._handlers["put"] = self._cmd_put
         else:
@@ -471,6 +474,12 @@ class ALFWorldEnv(AgentEnv):
         o.on = True
         self._done_check()
         return f"You turn on the {o.name}."
+
+    def _cmd_toggle(self, rest: str) -> str | None:
+        at = self._at
+        if at is not None and rest.endswith(" " + at.name):
+            rest = rest[: -len(at.name) - 1]
+        return self._cmd_use(rest)
 
     def _cmd_examine(self, rest: str) -> str | None:
         r = self._here(rest)
