@@ -85,10 +85,10 @@ class HFPolicy:
         self.tokenizer = load_tokenizer(self.model_path)
         torch_dtype: Any = "auto" if _DTYPES[dtype] == "auto" else getattr(torch, _DTYPES[dtype])
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
+            self.model: Any = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
         except OSError as e:
             raise ConfigurationError(f"cannot load model {model!r} from {self.model_path}: {e}") from e
-        self.model.to(device).eval()
+        self.model = self.model.to(device).eval()  # type: ignore[arg-type]
         self.device = device
         self.max_batch_size = max_batch_size
         self.truncation: Truncation = truncation
@@ -221,7 +221,7 @@ class HFPolicy:
                 )
             except RuntimeError as e:
                 raise PolicyError(f"HF generate failed: {e}") from e
-        seqs = out if isinstance(out, torch.Tensor) else out.sequences
+        seqs: Any = out if isinstance(out, torch.Tensor) else out.sequences
         seqs = seqs.cpu()
         logprobs = recorder.finish(seqs[:, -1]) if recorder.steps else torch.zeros((len(rows), 0))
         gens: list[Generation] = []

@@ -62,6 +62,9 @@ class OpenAIPolicy:
         vllm_extras: Ask for ``return_token_ids``/``top_k`` (vLLM, SGLang); off for hosted APIs.
         extra_body: Extra JSON fields merged into every request body.
         weight_version: Reported on each Generation (the server's weights are not ours to track).
+        tokenizer: The served model's tokenizer (an HF tokenizer, or a name/folder for
+            :func:`~agentgym.policies.models.load_tokenizer`). With it, :meth:`new_session` keeps
+            token-exact sessions whose ids go to ``/completions``.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class OpenAIPolicy:
         vllm_extras: bool = True,
         extra_body: dict[str, Any] | None = None,
         weight_version: int = 0,
+        tokenizer: Any = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -97,6 +101,7 @@ class OpenAIPolicy:
         self.vllm_extras = vllm_extras
         self.extra_body = dict(extra_body or {})
         self.weight_version = weight_version
+        self.tokenizer = tokenizer
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -111,6 +116,18 @@ class OpenAIPolicy:
         model = await self._model_name()
         results = await asyncio.gather(*(self._one(req, model) for req in requests))
         return [g for gens in results for g in gens]
+
+    def new_session(self) -> Any:
+        """A token-exact chat session (needs ``tokenizer``); send its ids as ``prompt_token_ids``."""
+        from .session import TokenizerChatSession
+
+        if self.tokenizer is None:
+            raise ConfigurationError("OpenAIPolicy.new_session() needs tokenizer=... (the served model's tokenizer)")
+        if isinstance(self.tokenizer, str):
+            from .models import load_tokenizer
+
+            self.tokenizer = load_tokenizer(self.tokenizer)
+        return TokenizerChatSession(self.tokenizer)
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""

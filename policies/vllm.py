@@ -33,7 +33,13 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agentgym.errors import ConfigurationError, DependencyNotInstalled, PolicyError, PolicyTimeout
+from agentgym.errors import (
+    ConfigurationError,
+    DependencyNotInstalled,
+    PolicyError,
+    PolicyServerError,
+    PolicyTimeout,
+)
 from agentgym.policy import Generation, GenRequest, SamplingParams
 
 from ._common import PreparedPrompt, Truncation, cut_at_stop, prepare_prompts
@@ -299,6 +305,8 @@ class VLLMPolicy:
         except asyncio.CancelledError:
             raise
         except Exception as e:
+            if type(e).__name__ == "EngineDeadError":
+                raise PolicyServerError(f"the vLLM engine died (request {rid}); create a new VLLMPolicy: {e}") from e
             raise PolicyError(f"vLLM failed on request {rid}: {type(e).__name__}: {e}") from e
         if final is None:
             raise PolicyError(f"vLLM returned no output for request {rid}")

@@ -243,3 +243,12 @@ async def test_concurrency_limit(server: FakeServer) -> None:
 async def test_zero_max_tokens_needs_no_call(server: FakeServer) -> None:
     (g,) = await _policy(server).generate([_req(sampling=SamplingParams(max_tokens=0))])
     assert g.text == "" and g.finish_reason == "length" and server.requests == []
+
+
+def test_new_session_needs_a_tokenizer() -> None:
+    from agentgym.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="tokenizer"):
+        OpenAIPolicy("http://127.0.0.1:1/v1", "m").new_session()
+    with pytest.raises(ConfigurationError, match="http"):
+        OpenAIPolicy("127.0.0.1:8000/v1", "m")

@@ -44,7 +44,8 @@ def policy(request: pytest.FixtureRequest) -> Any:
         return request.getfixturevalue("vllm_policy")
     from agentgym.policies.openai import OpenAIPolicy
 
-    return OpenAIPolicy(request.getfixturevalue("vllm_server"), SERVED_NAME, timeout_s=120, max_retries=1)
+    return OpenAIPolicy(request.getfixturevalue("vllm_server"), SERVED_NAME, timeout_s=120, max_retries=1,
+                        tokenizer=request.getfixturevalue("smollm2_path"))
 
 
 def _is_model(policy: Any) -> bool:
