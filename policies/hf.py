@@ -5,7 +5,8 @@ top-k, top-p, ``max_tokens``, stop strings) inside one ``generate`` call. The lo
 each sampled token is the model's own log-probability at temperature 1, before temperature, top-k
 and top-p (what vLLM returns by default), which is what the trainer recomputes.
 
-Generation runs in a worker thread so the event loop keeps stepping envs; each call has a deadline
+Requests with a ``seed`` run one row at a time and are reproducible (sample ``j`` of ``n`` uses
+``seed + j``). Generation runs in a worker thread so the event loop keeps stepping envs; each call has a deadline
 (``timeout_s``) after which the batch is stopped and :class:`~agentgym.errors.PolicyTimeout` raised.
 """
 
@@ -36,6 +37,7 @@ class _Row:
     prompt: list[int]
     sampling: SamplingParams
     max_tokens: int
+    seed: int | None = None  # sample j of a seeded request uses seed + j
 
 
 class HFPolicy:
@@ -116,6 +118,7 @@ class HFPolicy:
         prompts = prepare_prompts(self.tokenizer, requests, self.context_length, self.truncation)
         cancel = threading.Event()
         task = asyncio.ensure_future(asyncio.to_thread(self._generate_sync, list(requests), prompts, cancel))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a timed-out batch's error is not lost noise
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout=self.timeout_s)
         except asyncio.TimeoutError:
@@ -166,13 +169,14 @@ class HFPolicy:
     def _generate_sync(self, requests: list[GenRequest], prompts: list[PreparedPrompt], cancel: threading.Event) -> list[Generation]:
         rows: list[_Row] = []
         for i, (req, p) in enumerate(zip(requests, prompts, strict=True)):
-            rows += [_Row(i, p.ids, req.sampling, p.max_tokens) for _ in range(req.n)]
+            seed = req.sampling.seed
+            rows += [_Row(i, p.ids, req.sampling, p.max_tokens, None if seed is None else seed + j) for j in range(req.n)]
         results: list[Generation | None] = [None] * len(rows)
         with self._lock:
             version = self.weight_version
             # seeded rows run alone (reproducible); the rest in chunks of max_batch_size
-            plain = [k for k, r in enumerate(rows) if r.sampling.seed is None and r.max_tokens > 0]
-            seeded = [[k] for k, r in enumerate(rows) if r.sampling.seed is not None and r.max_tokens > 0]
+            plain = [k for k, r in enumerate(rows) if r.seed is None and r.max_tokens > 0]
+            seeded = [[k] for k, r in enumerate(rows) if r.seed is not None and r.max_tokens > 0]
             chunks = [plain[j : j + self.max_batch_size] for j in range(0, len(plain), self.max_batch_size)]
             for k, r in enumerate(rows):
                 if r.max_tokens == 0:
@@ -206,7 +210,7 @@ class HFPolicy:
             pad_token_id=self.pad_id,
             bos_token_id=self.model.generation_config.bos_token_id,
         )
-        seed = rows[0].sampling.seed if len(rows) == 1 else None
+        seed = rows[0].seed if len(rows) == 1 else None
         devices = [torch.device(self.device)] if str(self.device).startswith("cuda") else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             if seed is not None:

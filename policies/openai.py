@@ -102,6 +102,8 @@ class OpenAIPolicy:
         self.extra_body = dict(extra_body or {})
         self.weight_version = weight_version
         self.tokenizer = tokenizer
+        if tokenizer is not None:  # only then is this a TokenPolicy (the rollout checks for new_session)
+            self.new_session = self._new_session
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -117,8 +119,8 @@ class OpenAIPolicy:
         results = await asyncio.gather(*(self._one(req, model) for req in requests))
         return [g for gens in results for g in gens]
 
-    def new_session(self) -> Any:
-        """A token-exact chat session (needs ``tokenizer``); send its ids as ``prompt_token_ids``."""
+    def _new_session(self) -> Any:
+        """``new_session()``: a token-exact chat session; its ids go to ``/completions``."""
         from .session import TokenizerChatSession
 
         if self.tokenizer is None:

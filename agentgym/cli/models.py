@@ -20,10 +20,12 @@ def list_cmd() -> None:
     from agentgym.policies.models import list_models
 
     table = Table(title="AgentGym models")
-    for col in ("name", "prepared", "path", "source", "description"):
-        table.add_column(col)
+    table.add_column("name", no_wrap=True)
+    table.add_column("prepared")
+    table.add_column("path", overflow="fold")
+    table.add_column("source", overflow="fold")
     for m in list_models():
-        table.add_row(m["name"], m["prepared"], m["path"], m["source"], m["description"])
+        table.add_row(m["name"], m["prepared"], m["path"], m["source"])
     Console().print(table)
 
 

@@ -46,6 +46,10 @@ async def test_seeded_sampling_is_reproducible(hf_policy: Any) -> None:
     a, b, c = await hf_policy.generate([_req("Tell me a word.", seed=7, max_tokens=12)] * 2 + [_req("Tell me a word.", seed=8, max_tokens=12)])
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
+    # n samples of a seeded request use seed, seed + 1, ...
+    d, e = await hf_policy.generate([GenRequest(messages=[{"role": "user", "content": "Tell me a word."}],
+                                                sampling=SamplingParams(seed=7, max_tokens=12), n=2)])
+    assert d.token_ids == a.token_ids and e.token_ids == c.token_ids
 
 
 async def test_top_k_1_is_greedy(hf_policy: Any) -> None:

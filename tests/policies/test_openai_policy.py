@@ -245,10 +245,16 @@ async def test_zero_max_tokens_needs_no_call(server: FakeServer) -> None:
     assert g.text == "" and g.finish_reason == "length" and server.requests == []
 
 
-def test_new_session_needs_a_tokenizer() -> None:
-    from agentgym.errors import ConfigurationError
+def test_token_sessions_only_with_a_tokenizer() -> None:
+    from agentgym.policies.session import TokenizerChatSession
 
-    with pytest.raises(ConfigurationError, match="tokenizer"):
-        OpenAIPolicy("http://127.0.0.1:1/v1", "m").new_session()
+    from agentgym.errors import ConfigurationError
+    from agentgym.policy import TokenPolicy
+
+    plain = OpenAIPolicy("http://127.0.0.1:1/v1", "m")
+    assert not isinstance(plain, TokenPolicy) and not hasattr(plain, "new_session")
+    with_tok = OpenAIPolicy("http://127.0.0.1:1/v1", "m", tokenizer="smollm2-135m-instruct")
+    assert isinstance(with_tok, TokenPolicy)
+    assert isinstance(with_tok.new_session(), TokenizerChatSession)
     with pytest.raises(ConfigurationError, match="http"):
         OpenAIPolicy("127.0.0.1:8000/v1", "m")

@@ -241,3 +241,15 @@ def test_misuse_is_a_configuration_error(smol_tok: Any) -> None:
         session.append_messages([{"role": "user", "content": "y"}])
     with pytest.raises(ConfigurationError):
         TokenizerChatSession(smol_tok, on_mismatch="ignore")  # type: ignore[arg-type]
+
+
+def test_empty_completion(smol_tok: Any) -> None:
+    """The model may end its turn at once: the session records an empty assistant message."""
+    session = TokenizerChatSession(smol_tok)
+    msgs: list[Any] = [{"role": "user", "content": "Say nothing."}]
+    session.start(msgs)
+    session.append_completion([smol_tok.convert_tokens_to_ids("<|im_end|>")])
+    session.append_messages([{"role": "user", "content": "ok"}])
+    assert session.messages[-2] == {"role": "assistant", "content": ""}
+    full = [*msgs, {"role": "assistant", "content": ""}, {"role": "user", "content": "ok"}]
+    assert session.token_ids == _full_render_ids(smol_tok, full, None)
