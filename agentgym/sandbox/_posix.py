@@ -107,6 +107,10 @@ def kill_uid(uid: int, wait_s: float = 2.0) -> int:
             try:
                 if os.stat(f"/proc/{name}").st_uid != uid:
                     continue
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[-1].split()[0]
+                if state in (b"Z", b"X"):
+                    continue  # already dead; waiting for its (possibly foreign) parent to reap it
                 found += 1
                 os.kill(int(name), signal.SIGKILL)
             except (FileNotFoundError, ProcessLookupError, PermissionError):

@@ -58,6 +58,11 @@ def _write_frame(fd, obj):
         data = data[n:]
 
 
+def _inline(req):
+    """Small bash scripts run with ``bash -c`` so that no script file appears in the work dir."""
+    return req["language"] == "bash" and len(req["program"]) < 100_000
+
+
 def _check(ret, what):
     if ret != 0:
         err = ctypes.get_errno()
@@ -136,6 +141,8 @@ def _grandchild(req, fds, base_procs):
     _set_limits(req, base_procs)
     _drop_caps()
     lang = req["language"]
+    if _inline(req):
+        os.execv("/bin/bash", ["bash", "-c", req["program"], "bash"])
     if lang == "bash":
         os.execv("/bin/bash", ["bash", "/work/main.sh"])
     if req.get("fresh_interpreter"):
@@ -155,7 +162,8 @@ def _child(req, fds, status_w):
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         name = "main.sh" if req["language"] == "bash" else "main.py"
         files = dict(req.get("files") or {})
-        files[name] = base64.b64encode(req["program"].encode()).decode()
+        if not _inline(req):
+            files[name] = base64.b64encode(req["program"].encode()).decode()
         for rel, b64 in files.items():
             path = os.path.join("/work", str(rel))
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -350,7 +358,8 @@ def boot(req):
     os.makedirs(workdir, exist_ok=True)
     name = "main.sh" if req["language"] == "bash" else "main.py"
     files = dict(req.get("files") or {})
-    files[name] = base64.b64encode(req["program"].encode()).decode()
+    if not _inline(req):
+        files[name] = base64.b64encode(req["program"].encode()).decode()
     for rel, b64 in files.items():
         path = os.path.join(workdir, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -374,6 +383,8 @@ def boot(req):
                 signal.signal(sig, signal.SIG_DFL)
             os.setsid()
             _set_limits(req, 4)
+            if _inline(req):
+                os.execv("/bin/bash", ["bash", "-c", req["program"], "bash"])
             if req["language"] == "bash":
                 os.execv("/bin/bash", ["bash", os.path.join(workdir, name)])
             if req.get("fresh_interpreter"):

@@ -56,6 +56,7 @@ _ETC_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime", "/etc/s
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "0", "TMPDIR": "/tmp"}
 WORKER_PATH = Path(__file__).with_name("_worker.py")
+_INLINE_MAX = 100_000  # bash scripts up to this size go on the command line (MAX_ARG_STRLEN is 128 KiB)
 
 
 def bwrap_available(path: str | None = None) -> str | None:
@@ -304,7 +305,9 @@ class BwrapSandbox:
         name = "main.sh" if language == "bash" else "main.py"
         try:
             all_files: dict[str, bytes] = {check_relpath(k): as_bytes(v) for k, v in (files or {}).items()}
-            all_files[name] = program.encode("utf-8")
+            inline = language == "bash" and len(program) < _INLINE_MAX  # no script file in the work dir
+            if not inline:
+                all_files[name] = program.encode("utf-8")
             for rel, data in all_files.items():
                 fd = os.memfd_create("agentgym-file", 0)
                 os.write(fd, data)
@@ -314,7 +317,9 @@ class BwrapSandbox:
                 if parent:
                     args += ["--dir", f"/work/{parent}"]
                 args += ["--file", str(fd), f"/work/{rel}"]
-            if language == "bash":
+            if inline:
+                args += ["/bin/bash", "-c", program, "bash"]
+            elif language == "bash":
                 args += ["/bin/bash", f"/work/{name}"]
             else:
                 args += [self.python, "-I", f"/work/{name}"]

@@ -155,9 +155,14 @@ class ProcessSandbox:
             raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
         name = "main.sh" if language == "bash" else "main.py"
         all_files = {check_relpath(k): as_bytes(v) for k, v in (files or {}).items()}
-        all_files[name] = program.encode("utf-8")
+        inline = language == "bash" and len(program) < 100_000  # no script file in the work dir
+        if not inline:
+            all_files[name] = program.encode("utf-8")
         _write_files(workdir, all_files, uid)
-        argv = ["/bin/bash", name] if language == "bash" else [self.python, "-I", name]
+        if inline:
+            argv = ["/bin/bash", "-c", program, "bash"]
+        else:
+            argv = ["/bin/bash", name] if language == "bash" else [self.python, "-I", name]
         env = dict(_ENV, HOME=workdir, TMPDIR=workdir)
         try:
             proc = subprocess.Popen(

@@ -104,9 +104,9 @@ class CodeEnv(AgentEnv):
         self.source = source if isinstance(source, str) else "custom"
         self._tasks = self._load(source, path)
         splits = tuple(dict.fromkeys(t.split for t in self._tasks))
-        self.splits = tuple(s for s in ("train", "test") if s in splits) + tuple(
+        self.splits = tuple(s for s in ("train", "test") if s in splits) + tuple(  # type: ignore[misc]
             s for s in splits if s not in ("train", "test"))
-        self.default_split = "train" if "train" in self.splits else self.splits[0]
+        self.default_split = "train" if "train" in self.splits else self.splits[0]  # type: ignore[misc]
         self._sandbox_spec = sandbox
         self._sandbox_kwargs = dict(sandbox_kwargs or {})
         self._box: Sandbox | None = None

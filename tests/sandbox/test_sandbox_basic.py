@@ -87,7 +87,7 @@ def test_unknown_backend_and_missing_bwrap_raise_clearly() -> None:
 
 def test_unreachable_docker_raises_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
-    with pytest.raises(SandboxUnavailable, match="dockerd-start.sh"):
+    with pytest.raises(SandboxUnavailable, match=r"dockerd-start\.sh"):
         get_sandbox("docker")
 
 

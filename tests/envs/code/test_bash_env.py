@@ -1,0 +1,121 @@
+"""Bash-v0: checkers, per-episode state, isolation between episodes, expert, checker."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from agentgym.envs.code.bash import BashEnv, builtin_bash_tasks, check_answer
+
+import agentgym
+from agentgym.errors import ConfigurationError
+from agentgym.types import TaskSpec
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def call(name: str, **args: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[BashEnv]:
+    e = BashEnv()
+    yield e
+    e.close()
+
+
+def test_check_env_bash() -> None:
+    e = agentgym.make("agentgym/Bash-v0")
+    try:
+        report = agentgym.check_env(e, expert_episodes=2)
+        assert not report.skipped, report
+    finally:
+        e.close()
+
+
+def test_builtin_tasks_and_splits() -> None:
+    tasks = builtin_bash_tasks()
+    assert len(tasks) == 60
+    assert {t.split for t in tasks} == {"train", "test"}
+    assert {t.data["check"]["type"] for t in tasks} == {"int", "string", "script"}
+
+
+@pytest.mark.parametrize("backend", ["auto", "process"])
+def test_expert_solves_every_task(backend: str) -> None:
+    e = BashEnv(sandbox=backend)
+    try:
+        for split in e.splits:
+            for t in e.tasks(split):
+                e.reset(options={"task_id": t.task_id})
+                for _ in range(4):
+                    _, reward, term, trunc, info = e.step(e.expert_action())
+                    if term or trunc:
+                        break
+                assert term and reward == 1.0 and info["success"], t.task_id
+    finally:
+        e.close()
+
+
+def test_files_persist_within_an_episode_not_across(env: BashEnv) -> None:
+    env.reset(options={"task_id": "bash/sum_numbers/0"})
+    obs, *_ = env.step(call("bash", cmd="echo 41 > mine.txt; cd /; echo moved"))
+    assert obs[0]["content"].strip() == "moved"
+    obs, *_ = env.step(call("bash", cmd="cat mine.txt; ls numbers.txt"))
+    assert obs[0]["content"].split() == ["41", "numbers.txt"]
+    env.reset(options={"task_id": "bash/sum_numbers/0"})
+    obs, *_ = env.step(call("bash", cmd="ls"))
+    assert "mine.txt" not in obs[0]["content"] and "numbers.txt" in obs[0]["content"]
+
+
+def test_bash_errors_and_timeouts_are_observations(env: BashEnv) -> None:
+    env.reset(options={"task_id": "bash/grep_count/0"})
+    obs, reward, term, *_ = env.step(call("bash", cmd="no-such-command-xyz"))
+    assert "exit code 127" in obs[0]["content"] and not term
+    env.timeout_s = 1.0
+    try:
+        obs, *_ = env.step(call("bash", cmd="sleep 30"))
+        assert "timed out" in obs[0]["content"]
+    finally:
+        env.timeout_s = 10.0
+
+
+def test_wrong_answer_and_script_checker(env: BashEnv) -> None:
+    env.reset(options={"task_id": "bash/line_count_file/0"})
+    _, reward, term, _, info = env.step(call("answer", text="done"))  # result.txt was never written
+    assert term and reward == 0.0 and info["success"] is False
+    env.reset(options={"task_id": "bash/line_count_file/0"})
+    env.step(call("bash", cmd="wc -l < data.txt > result.txt"))
+    _, reward, *_ = env.step(call("answer", text="done"))
+    assert reward == 1.0
+
+
+def test_check_answer_kinds() -> None:
+    assert check_answer({"type": "int", "answer": 1234}, "The answer is 1,234.")
+    assert not check_answer({"type": "int", "answer": 12}, "13")
+    assert not check_answer({"type": "int", "answer": 12}, "none")
+    assert check_answer({"type": "string", "answer": "bob"}, " 'bob'. ")
+    assert not check_answer({"type": "string", "answer": "bob"}, "bobby")
+    assert check_answer({"type": "script", "script": 'test "$1" = hi'}, "hi", lambda s: 0 if "set -- hi" in s else 1)
+    with pytest.raises(ConfigurationError):
+        check_answer({"type": "regex"}, "x")
+
+
+def test_custom_tasks_and_broken_init_raises() -> None:
+    ok = TaskSpec("t1", "train", "x", {"init": "echo 7 > n", "question": "n?", "check": {"type": "int", "answer": 7},
+                                       "expert": "cat n"})
+    bad = TaskSpec("t2", "test", "x", {"init": "exit 3", "question": "?", "check": {"type": "int", "answer": 0},
+                                       "expert": "true"})
+    e = BashEnv(tasks=[ok, bad])
+    try:
+        e.reset(options={"task_id": "t1"})
+        e.step(e.expert_action())
+        _, reward, *_ = e.step(e.expert_action())
+        assert reward == 1.0
+        from agentgym.errors import EnvError
+
+        with pytest.raises(EnvError, match="init script"):
+            e.reset(options={"task_id": "t2"})
+    finally:
+        e.close()
