@@ -58,6 +58,24 @@ def _write_frame(fd, obj):
         data = data[n:]
 
 
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
+
+
+def _clone_newpid():
+    """fork() into a new PID namespace in one step (raw clone); -1 where unsupported.
+
+    Safe here because the worker is single-threaded and ctypes releases the GIL around the call;
+    the child never returns to the request loop.
+    """
+    if _SYS_CLONE is None:
+        return -1
+    pid = libc.syscall(_SYS_CLONE, CLONE_NEWPID | signal.SIGCHLD, None, None, None, None)
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"clone(NEWPID): {os.strerror(err)}")
+    return pid
+
+
 def _inline(req):
     """Small bash scripts run with ``bash -c`` so that no script file appears in the work dir."""
     return req["language"] == "bash" and len(req["program"]) < 100_000
@@ -247,46 +265,69 @@ def _collect(kill, out_r, err_r, in_w, stdin, deadline, cap):
     return bytes(bufs[out_r]), bytes(bufs[err_r]), timed_out, truncated, killed
 
 
+PENDING: list[int] = []  # intermediates of earlier runs, reaped before the next fork
+
+
 def run(req):
+    while PENDING:
+        os.waitpid(PENDING.pop(), 0)
     t0 = time.monotonic()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        # the intermediate: new PID namespace for its child, which becomes that namespace's init
+    pid = _clone_newpid()
+    if pid == 0:  # PID 1 of a fresh PID namespace
         try:
             for fd in (out_r, err_r, in_w, st_r, CTL_IN, CTL_OUT):
                 os.close(fd)
-            _check(libc.unshare(CLONE_NEWPID), "unshare(NEWPID)")
-            b = os.fork()
-            if b == 0:
-                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() == 0:  # parent already gone (ppid is outside our namespace: 0)
-                    pass
-                _child(req, (out_w, err_w, in_r), st_w)
-            for fd in (out_w, err_w, in_r, st_w):
-                os.close(fd)
-            os.waitpid(b, 0)
-        except BaseException as e:
-            os.write(st_w, struct.pack(">i", -2) + repr(e).encode()[:500])
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _child(req, (out_w, err_w, in_r), st_w)
         finally:
             os._exit(0)
+    if pid < 0:  # no raw clone on this architecture: an intermediate process does unshare + fork
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for fd in (out_r, err_r, in_w, st_r, CTL_IN, CTL_OUT):
+                    os.close(fd)
+                _check(libc.unshare(CLONE_NEWPID), "unshare(NEWPID)")
+                b = os.fork()
+                if b == 0:
+                    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                    _child(req, (out_w, err_w, in_r), st_w)
+                for fd in (out_w, err_w, in_r, st_w):
+                    os.close(fd)
+                os.waitpid(b, 0)
+            except BaseException as e:
+                os.write(st_w, struct.pack(">i", -2) + repr(e).encode()[:500])
+            finally:
+                os._exit(0)
     for fd in (out_w, err_w, in_r, st_w):
         os.close(fd)
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
     out, err, timed_out, truncated, killed = _collect(
         lambda: os.kill(pid, signal.SIGKILL), out_r, err_r, in_w, stdin, t0 + float(req["timeout_s"]),
         int(req["max_output_bytes"]))
-    os.waitpid(pid, 0)  # the namespace's init exits right after the program, killing leftovers
+    # The namespace's init reports the program's wait status as soon as the program exits, then
+    # exits itself, which kills any leftovers. Answer right away; reap the intermediate later.
+    deadline = t0 + float(req["timeout_s"]) + 1.0
     raw = b""
     while True:
+        r, _, _ = select.select([st_r], [], [], max(0.0, deadline - time.monotonic()))
+        if not r:  # the program closed its output but kept running past the deadline
+            os.kill(pid, signal.SIGKILL)
+            timed_out = killed = True
+            deadline = time.monotonic() + 5.0
+            continue
         chunk = os.read(st_r, 4096)
         if not chunk:
             break
         raw += chunk
+        if len(raw) >= 4 and struct.unpack(">i", raw[:4])[0] != -2:
+            break
     os.close(st_r)
+    PENDING.append(pid)
     exit_code = None
     error = None
     if len(raw) >= 4:
