@@ -75,9 +75,9 @@ def stats(lat: list[float], total: float) -> dict[str, float]:
 
 
 def humaneval_program() -> tuple[str, str]:
-    from agentgym.envs.code.tasks import _humaneval_path
-
     import gzip
+
+    from agentgym.envs.code.tasks import _humaneval_path
 
     with gzip.open(_humaneval_path(), "rt") as f:
         row = json.loads(f.readline())
@@ -154,26 +154,31 @@ def main() -> None:
                 print(f"{name:28s} {wname:24s} {results[f'{name}/{wname}']}", flush=True)
         finally:
             box.close()
-    if bwrap_available():
-        box2 = BwrapSandbox(warm=True, workers=2)
+    for k in (2, 4) if bwrap_available() else ():
+        box2 = BwrapSandbox(warm=True, workers=k)
         try:
             for wname, prog in progs.items():
-                key = f"bwrap warm, 2 workers x 2 threads/{wname}"
-                results[key] = bench_concurrent(box2, prog, n, 2)
-                print(f"{'bwrap warm 2x2':28s} {wname:24s} {results[key]}", flush=True)
+                key = f"bwrap warm, {k} workers x {k} threads/{wname}"
+                results[key] = bench_concurrent(box2, prog, n * 2, k)
+                print(f"{f'bwrap warm {k}x{k}':28s} {wname:24s} {results[key]}", flush=True)
         finally:
             box2.close()
 
     peers: dict[str, Any] = {}
     if not args.no_peers and PEER_PY.exists():
+        # put the peer venv first on PATH so that their `python` subprocesses start the real binary
+        # (not a pyenv shim script, which would add ~150 ms per call and be unfair to them)
+        env = dict(os.environ, PATH=f"{PEER_PY.parent}:/usr/local/bin:/usr/bin:/bin")
         p = subprocess.run([str(PEER_PY), "-c", PEER_SCRIPT, str(n), json.dumps(progs)], capture_output=True,
-                           text=True, timeout=1800, cwd="/tmp")
+                           text=True, timeout=1800, cwd="/tmp", env=env)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("@@JSON")), None)
         if line:
             raw = json.loads(line[len("@@JSON"):])
             for k, v in raw.items():
                 if isinstance(v, dict):
-                    peers[k] = {**stats(v["lat"], v["total"]), "sample_output": v["sample"]}
+                    broken = "No such file" in v["sample"] or "Error" in v["sample"]
+                    peers[k] = {**stats(v["lat"], v["total"]), "sample_output": v["sample"],
+                                "works": not broken}
                     print(f"{k:53s} {peers[k]}", flush=True)
                 else:
                     peers[k] = v
