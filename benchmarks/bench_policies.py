@@ -4,8 +4,9 @@ Each backend runs in its own subprocess (one engine at a time, clean shutdown), 
 with greedy decoding so every backend generates (nearly) the same tokens:
 
 * ``raw``: vLLM's offline ``LLM.generate`` on the prompt ids: the ceiling.
-* ``vllm``: ``VLLMPolicy.generate`` with all 64 requests in one call, and with 64 concurrent
-  single-request calls (how the rollout engine uses it).
+* ``VLLMPolicy.generate`` with all 64 requests in one call, and with 64 concurrent
+  single-request calls (how the rollout engine uses it). Raw and policy engines live in the same
+  process with the same engine arguments and are timed in alternating rounds; medians reported.
 * ``hf``: ``HFPolicy.generate`` (static batches of ``--hf-batch`` rows, fp32 on CPU).
 
 Prints a table and writes ``benchmarks/results/policies.json``. ``--quick`` generates 16 tokens
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -56,48 +58,51 @@ def _summary(name: str, seconds: float, tokens: int, n: int, extra: dict[str, An
             "tokens_per_s": round(tokens / seconds, 2), "requests_per_s": round(n / seconds, 3), **(extra or {})}
 
 
-def run_raw(model_path: str, max_tokens: int) -> list[dict[str, Any]]:
+def run_vllm_pair(model_path: str, max_tokens: int, rounds: int) -> list[dict[str, Any]]:
+    """Raw ``LLM.generate`` and VLLMPolicy side by side, timed in alternating rounds (medians).
+
+    Alternating cancels slow drifts in machine load, which matter on a shared CPU.
+    """
+    from agentgym.policies.vllm import VLLMPolicy
     from vllm import LLM
     from vllm import SamplingParams as VSP
     from vllm.inputs import TokensPrompt
 
-    ids = _prompt_ids(model_path)
-    llm = LLM(model=model_path, **ENGINE)
-    sp = VSP(temperature=0.0, max_tokens=max_tokens, logprobs=0)
-    llm.generate([TokensPrompt(prompt_token_ids=ids[0])], sp, use_tqdm=False)  # warm-up
-    t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
-    dt = time.perf_counter() - t0
-    toks = sum(len(o.outputs[0].token_ids) for o in outs)
-    return [_summary("raw vLLM LLM.generate", dt, toks, len(ids))]
-
-
-def run_vllm(model_path: str, max_tokens: int) -> list[dict[str, Any]]:
-    from agentgym.policies.vllm import VLLMPolicy
-
     from agentgym.policy import GenRequest, SamplingParams
 
-    kw = dict(ENGINE)
-    policy = VLLMPolicy(model_path, kv_cache_gib=2, **kw)
+    ids = _prompt_ids(model_path)
+    llm = LLM(model=model_path, **ENGINE)
+    policy = VLLMPolicy(model_path, kv_cache_gib=2, **ENGINE)
+    vsp = VSP(temperature=0.0, max_tokens=max_tokens, logprobs=0)
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     reqs = [GenRequest(messages=m, sampling=sp) for m in prompts()]
+    times: dict[str, list[float]] = {"raw": [], "one": [], "conc": []}
+    tokens: dict[str, int] = {}
 
-    async def go() -> list[dict[str, Any]]:
-        await policy.generate(reqs[:1])  # warm-up
+    async def policy_round() -> None:
         t0 = time.perf_counter()
         gens = await policy.generate(reqs)
-        dt = time.perf_counter() - t0
-        batched = _summary("VLLMPolicy (one call)", dt, sum(len(g.token_ids) for g in gens), len(reqs))
+        times["one"].append(time.perf_counter() - t0)
+        tokens["one"] = sum(len(g.token_ids) for g in gens)
         t0 = time.perf_counter()
         per = await asyncio.gather(*(policy.generate([r]) for r in reqs))
-        dt = time.perf_counter() - t0
-        conc = _summary("VLLMPolicy (64 concurrent calls)", dt, sum(len(g[0].token_ids) for g in per), len(reqs))
-        return [batched, conc]
+        times["conc"].append(time.perf_counter() - t0)
+        tokens["conc"] = sum(len(g[0].token_ids) for g in per)
 
     try:
-        return asyncio.run(go())
+        llm.generate([TokensPrompt(prompt_token_ids=ids[0])], vsp, use_tqdm=False)  # warm-up
+        asyncio.run(policy.generate(reqs[:1]))
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], vsp, use_tqdm=False)
+            times["raw"].append(time.perf_counter() - t0)
+            tokens["raw"] = sum(len(o.outputs[0].token_ids) for o in outs)
+            asyncio.run(policy_round())
     finally:
         policy.shutdown()
+    names = {"raw": "raw vLLM LLM.generate", "one": "VLLMPolicy (one call)", "conc": "VLLMPolicy (64 concurrent calls)"}
+    return [_summary(names[k], statistics.median(v), tokens[k], len(ids), {"round_seconds": [round(x, 2) for x in v]})
+            for k, v in times.items()]
 
 
 def run_hf(model_path: str, max_tokens: int, batch: int) -> list[dict[str, Any]]:
@@ -125,10 +130,8 @@ def _child(args: argparse.Namespace) -> None:
     from agentgym.policies.models import resolve_model
 
     path = resolve_model(args.model)
-    if args.backend == "raw":
-        res = run_raw(path, args.max_tokens)
-    elif args.backend == "vllm":
-        res = run_vllm(path, args.max_tokens)
+    if args.backend == "vllm":
+        res = run_vllm_pair(path, args.max_tokens, args.rounds)
     else:
         res = run_hf(path, args.max_tokens, args.hf_batch)
     print("RESULT " + json.dumps(res), flush=True)
@@ -140,11 +143,14 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--hf-batch", type=int, default=16)
-    ap.add_argument("--backends", default="raw,vllm,hf")
+    ap.add_argument("--backends", default="vllm,hf")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating raw/VLLMPolicy rounds (default 3, quick 2)")
     ap.add_argument("--backend", help=argparse.SUPPRESS)  # internal: run one backend in this process
     args = ap.parse_args()
     if args.max_tokens is None:
         args.max_tokens = 16 if args.quick else 64
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 3
     if args.backend:
         _child(args)
         return
@@ -155,7 +161,7 @@ def main() -> None:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}
     for backend in args.backends.split(","):
         cmd = [sys.executable, __file__, "--backend", backend, "--model", args.model,
-               "--max-tokens", str(args.max_tokens), "--hf-batch", str(args.hf_batch)]
+               "--max-tokens", str(args.max_tokens), "--hf-batch", str(args.hf_batch), "--rounds", str(args.rounds)]
         print(f"running {backend} ...", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -177,6 +183,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "decoding": "greedy",
         "engine": ENGINE,
+        "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "load_average_at_end": os.getloadavg()[0],
         "note": "CPU only; measured on a shared machine, so absolute figures are noisy. Ratios are from the same run.",

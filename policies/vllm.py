@@ -107,6 +107,7 @@ class VLLMPolicy:
         on_mismatch: OnMismatch = "raise",
         **engine_kwargs: Any,
     ) -> None:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -129,7 +130,6 @@ class VLLMPolicy:
         self.is_cpu = bool(current_platform.is_cpu())
         if self.is_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         args: dict[str, Any] = {
             "model": self.model_path,
             "dtype": dtype,
