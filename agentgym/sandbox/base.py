@@ -52,6 +52,7 @@ class ExecResult:
         truncated: Output exceeded ``max_output_bytes``; the program was killed and output cut.
         duration_s: Wall-clock seconds from start to the end of collection.
         backend: Which backend ran it.
+        extra: Backend-specific details (free-form; empty unless a backend documents keys).
     """
 
     stdout: str = ""

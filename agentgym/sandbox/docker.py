@@ -43,7 +43,7 @@ from agentgym.sandbox.base import (
     looks_oom,
 )
 
-__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "DockerSession", "docker_available"]
+__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "DockerSession", "docker_available", "remove_stale_containers"]
 
 DEFAULT_IMAGE = "agentgym-empty:latest"
 LABEL = "agentgym.sandbox"
@@ -104,6 +104,19 @@ def ensure_empty_image(client: Any, tag: str = DEFAULT_IMAGE) -> None:
         pass
     repo, _, ver = tag.partition(":")
     client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=ver or "latest")
+
+
+def remove_stale_containers(client: Any) -> int:
+    """Remove sandbox containers whose owning process is gone (e.g. killed before ``close()``)."""
+    removed = 0
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = c.labels.get(f"{LABEL}.owner", "")
+        alive = owner.isdigit() and os.path.exists(f"/proc/{owner}")
+        if not alive:
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
+                removed += 1
+    return removed
 
 
 class DockerSession:
@@ -169,6 +182,8 @@ class DockerSandbox:
         self.file_mb = int(file_mb)
         self.api_timeout_s = float(api_timeout_s)
         self._client = _client(timeout=120)
+        with contextlib.suppress(Exception):
+            remove_stale_containers(self._client)
         if image == DEFAULT_IMAGE:
             ensure_empty_image(self._client, image)
         with open(_WORKER_SRC) as f:

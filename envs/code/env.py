@@ -166,17 +166,18 @@ class CodeEnv(AgentEnv):
         return r.summary(self.max_output_chars)
 
     @tool
-    def run_python(self, code: str) -> str:
+    def run_python(self, code: str, stdin: str = "") -> str:
         """Run a Python program in the sandbox and show its output.
 
         Args:
-            code: The complete program to run (as a file ``main.py``; stdin is empty).
+            code: The complete program to run (as a file ``main.py``).
+            stdin: Text fed to the program's standard input (empty by default).
 
         Returns:
             The program's stdout and stderr, and a note if it failed, timed out or ran out of memory.
         """
         self.count("runs")
-        r = self.sandbox.run(code, timeout_s=self.run_timeout_s, memory_mb=self.memory_mb,
+        r = self.sandbox.run(code, stdin=stdin or None, timeout_s=self.run_timeout_s, memory_mb=self.memory_mb,
                              max_output_bytes=max(self.max_output_chars * 4, 1 << 16))
         if not r.ok:
             self.count("run_failures")

@@ -131,3 +131,26 @@ def test_warm_fresh_interpreter_mode() -> None:
     with BwrapSandbox(warm=True, fresh_interpreter=True) as box:
         r = box.run("import sys\nprint(sys.flags.isolated, len(sys.modules) < 200)")
         assert r.ok and r.stdout == "1 True\n", r
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_docker_removes_stale_containers() -> None:
+    from agentgym.sandbox.docker import DEFAULT_IMAGE, LABEL, docker_available, ensure_empty_image
+
+    if not docker_available():
+        pytest.skip("Docker engine not reachable (start it with scripts/dockerd-start.sh)")
+    import docker
+
+    client = docker.from_env(timeout=30)
+    try:
+        ensure_empty_image(client)
+        stale = client.containers.create(DEFAULT_IMAGE, ["/usr/bin/true"], labels={LABEL: "1", f"{LABEL}.owner": "999999999"},
+                                          network_mode="none")
+        box = get_sandbox("docker", pool_size=1)  # sweeps containers whose owner process is gone
+        try:
+            assert stale.id not in [c.id for c in client.containers.list(all=True)]
+        finally:
+            box.close()
+    finally:
+        client.close()

