@@ -211,8 +211,12 @@ def _child(req, fds, status_w):
     os._exit(0)
 
 
-def _collect(kill, out_r, err_r, in_w, stdin, deadline, cap):
-    """Feed stdin, read stdout/stderr up to ``cap`` bytes together, kill on deadline or overflow."""
+def _collect(kill, out_r, err_r, in_w, stdin, deadline, cap, poll=None):
+    """Feed stdin, read stdout/stderr up to ``cap`` bytes together, kill on deadline or overflow.
+
+    ``poll()`` (optional) is called every 50 ms; once it returns True the program has exited and
+    its leftovers were killed, so the pipes reach EOF promptly.
+    """
     if stdin:
         os.set_blocking(in_w, False)
     else:
@@ -231,7 +235,13 @@ def _collect(kill, out_r, err_r, in_w, stdin, deadline, cap):
             killed = True
             deadline = now + 1.0
         wl = [in_w] if in_w >= 0 else []
-        r, w, _ = select.select(open_fds, wl, [], max(0.0, deadline - now))
+        wait = max(0.0, deadline - now)
+        if poll is not None:
+            if poll():
+                poll = None
+            else:
+                wait = min(wait, 0.05)
+        r, w, _ = select.select(open_fds, wl, [], wait)
         for fd in w:
             try:
                 n = os.write(fd, stdin[:65536])
@@ -452,20 +462,40 @@ def boot(req):
         except OSError:
             os.kill(pid, signal.SIGKILL)
 
-    out, err, timed_out, truncated, killed = _collect(
-        kill, out_r, err_r, in_w, stdin, t0 + float(req["timeout_s"]), int(req["max_output_bytes"]))
-    _, status = os.waitpid(pid, 0)
-    for _ in range(20):  # every leftover process of the run (pid 1 and this process are spared)
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            break
-        while True:
+    state: dict = {"status": None, "t": 0.0}
+
+    def kill_leftovers():
+        for _ in range(20):  # every other process in the container (PID 1 and this one are spared)
             try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
                 break
+            while True:
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+
+    def poll():
+        # once the program has exited, give its output 20 ms to drain, then kill what it left behind
+        if state["status"] is None:
+            p, st = os.waitpid(pid, os.WNOHANG)
+            if p == 0:
+                return False
+            state["status"], state["t"] = st, time.monotonic()
+            return False
+        if time.monotonic() - state["t"] < 0.02:
+            return False
+        kill_leftovers()
+        return True
+
+    out, err, timed_out, truncated, killed = _collect(
+        kill, out_r, err_r, in_w, stdin, t0 + float(req["timeout_s"]), int(req["max_output_bytes"]), poll)
+    status = state["status"]
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    kill_leftovers()
     oom = oom_before >= 0 and _oom_kills() > oom_before
     for root in ([] if session_dir else [workdir]) + ["/tmp"]:
         _wipe(root, keep_root=root == "/tmp")

@@ -209,8 +209,9 @@ print("spawned")
 """
     r = box.run(prog, timeout_s=10)
     assert "spawned" in r.stdout, r
+    assert not r.timed_out and r.duration_s < 5, "leftovers holding stdout must not stall the run"
     r = box.run(f"nohup sleep {tag}3 >/dev/null 2>&1 &\nsetsid sleep {tag}4 &\necho ok", language="bash", timeout_s=10)
-    assert r.stdout.strip() == "ok", r
+    assert r.stdout.strip() == "ok" and not r.timed_out, r
     deadline = time.monotonic() + 3
     while _host_procs_with(f"sleep\x00{tag}") and time.monotonic() < deadline:
         time.sleep(0.1)
