@@ -13,6 +13,9 @@ Two modes:
   forks a fresh child inside the worker's sandbox, in its own PID and mount namespace with fresh
   tmpfs ``/work`` and ``/tmp``, capabilities dropped. No process or file survives a run. Python
   programs run in the forked interpreter (``fresh_interpreter=True`` execs a new ``python3``).
+  Caveat: a forked run inherits the worker's heap, which may still hold bytes of earlier requests
+  sent to the same worker (programs, stdin); use ``fresh_interpreter=True`` or cold mode when runs
+  from different users must not see each other's inputs.
 """
 
 from __future__ import annotations
