@@ -26,8 +26,9 @@ def env() -> Iterator[BashEnv]:
     e.close()
 
 
-def test_check_env_bash() -> None:
-    e = agentgym.make("agentgym/Bash-v0")
+@pytest.mark.parametrize("parser", ["hermes", "react", "json"])
+def test_check_env_bash(parser: str) -> None:
+    e = agentgym.make("agentgym/Bash-v0", parser=parser)
     try:
         report = agentgym.check_env(e, expert_episodes=2)
         assert not report.skipped, report

@@ -32,8 +32,9 @@ def _reset(env: CodeEnv, task_id: str) -> None:
     env.reset(options={"task_id": task_id})
 
 
-def test_check_env_code() -> None:
-    e = agentgym.make("agentgym/Code-v0")
+@pytest.mark.parametrize("parser", ["hermes", "react", "json"])
+def test_check_env_code(parser: str) -> None:
+    e = agentgym.make("agentgym/Code-v0", parser=parser)
     try:
         report = agentgym.check_env(e, expert_episodes=3)
         assert not report.skipped, report
