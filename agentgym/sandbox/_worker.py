@@ -87,9 +87,26 @@ def _check(ret, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _drop_caps():
-    for cap in range(64):
+def _drop_bounding_set():
+    """Empty the capability bounding set (inherited by every run; done once per worker)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+
+
+def _close_fds_from(lowest):
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd >= lowest:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _drop_caps():
     libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
     hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
     data = (ctypes.c_uint32 * 6)()
@@ -152,7 +169,7 @@ def _grandchild(req, fds, base_procs):
     os.dup2(in_r, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
-    os.closerange(3, 65536)
+    _close_fds_from(3)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     os.setsid()
@@ -373,6 +390,11 @@ def main():
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    _drop_bounding_set()  # keeps this process's own capabilities (needed for namespaces and mounts)
+    import gc
+
+    gc.collect()
+    gc.freeze()  # forked runs never scan (and so never copy-on-write) the worker's objects
     CTL_IN = os.dup(0)
     CTL_OUT = os.dup(1)
     null = os.open("/dev/null", os.O_RDWR)
@@ -438,7 +460,7 @@ def boot(req):
             os.dup2(in_r, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            os.closerange(3, 65536)
+            _close_fds_from(3)
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
             os.setsid()
