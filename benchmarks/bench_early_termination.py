@@ -14,7 +14,8 @@ as gated, and character-level for comparison). The "Selective Rollout" paper rep
 wall-clock at precision 0.81-0.95 (ALFWorld GRPO, a larger model).
 
 Needs agentgym/ALFWorld-v0 and a prepared SmolLM2 (``agentgym models prepare smollm2-135m-instruct``).
-Writes ``benchmarks/results/early_termination.json``. ``--quick``: 1 group, 12 turns.
+Writes ``benchmarks/results/early_termination.json`` (one entry per setting, so runs at several
+temperatures accumulate). ``--quick``: 1 group, 12 turns.
 """
 
 from __future__ import annotations
@@ -145,12 +146,22 @@ def main() -> None:
                               "char_below_threshold": sum(1 for x in sc["char"] if x < args.threshold)},
         "paper": {"wall_clock_saved": 0.107, "precision": [0.81, 0.95]},
     }
+    if enforced["early_stopped_groups"] == 0:
+        res["interpretation"] = ("the gate stopped no group (no K-step prefix set was below the threshold), so the "
+                                 "enforced run did the same work as the audit run: its wall-clock difference is "
+                                 "machine noise, not a saving")
     print(json.dumps({k: res[k] for k in ("wall_clock_saved", "tokens_saved", "counterfactual_tokens_saved",
                                           "precision", "zero_variance_groups_audit")}, indent=2))
     print("scores at K (step level):", [round(x, 3) for x in sc["step"]])
+    label = f"G={args.group},K={args.k},d={args.threshold},T={args.temperature},groups={args.tasks},max_turns={args.max_turns}"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=2))
-    print(f"wrote {RESULTS}")
+    try:
+        all_runs = json.loads(RESULTS.read_text()).get("runs", {}) if RESULTS.exists() else {}
+    except json.JSONDecodeError:
+        all_runs = {}
+    all_runs[label] = res
+    RESULTS.write_text(json.dumps({"runs": all_runs}, indent=2))
+    print(f"wrote {RESULTS} (run {label!r})")
 
 
 if __name__ == "__main__":
