@@ -17,6 +17,9 @@ Rewards per role (``info["role_rewards"]``):
 * solver: the env's reward (sum over steps);
 * verifier: the share of its verdicts that agree with the outcome, where APPROVE agrees with a
   successful episode and REJECT with a failed one (0.0 if it gave no verdict).
+
+This workflow is an example of the pattern; it takes no gates (use :class:`MultiTurnWorkflow` for
+gated GRPO groups). ``limits.max_turns`` counts env steps here, not policy turns.
 """
 
 from __future__ import annotations
