@@ -289,16 +289,18 @@ class _RowWarper:
             return scores
         scores = scores.float().clone()
         neg = torch.finfo(scores.dtype).min
+        temps = torch.tensor(self.temps, dtype=scores.dtype, device=scores.device)
+        greedy = temps <= 0
+        if bool(greedy.any()):
+            best = scores.argmax(dim=-1, keepdim=True)
+            onehot = torch.full_like(scores, neg).scatter_(1, best, 0.0)
+            scores = torch.where(greedy.unsqueeze(1), onehot, scores)
+        scale = torch.where(greedy | (temps == 1.0), torch.ones_like(temps), temps)
+        scores = scores / scale.unsqueeze(1)
         for b in range(scores.shape[0]):
-            row = scores[b]
-            t = self.temps[b]
-            if t <= 0:
-                keep = row.argmax()
-                row.fill_(neg)
-                row[keep] = 0.0
+            if bool(greedy[b]):
                 continue
-            if t != 1.0:
-                row.div_(t)
+            row = scores[b]
             k = self.top_k[b]
             if 0 < k < row.numel():
                 kth = torch.topk(row, k).values[-1]
@@ -306,8 +308,8 @@ class _RowWarper:
             p = self.top_p[b]
             if p < 1.0:
                 sorted_vals, order = torch.sort(row, descending=True)
-                cum = torch.softmax(sorted_vals, dim=-1).cumsum(-1)
-                drop = cum - torch.softmax(sorted_vals, dim=-1) > p  # keep the smallest set reaching p
+                probs = torch.softmax(sorted_vals, dim=-1)
+                drop = probs.cumsum(-1) - probs > p  # keep the smallest set reaching p
                 row[order[drop]] = neg
         return scores
 

@@ -52,9 +52,10 @@ async def test_seeded_sampling_is_reproducible(hf_policy: Any) -> None:
     assert d.token_ids == a.token_ids and e.token_ids == c.token_ids
 
 
-async def test_top_k_1_is_greedy(hf_policy: Any) -> None:
-    g1, g2 = await hf_policy.generate([_req(QUESTIONS[0], temperature=0.0), _req(QUESTIONS[0], temperature=0.8, top_k=1)])
-    assert g1.token_ids == g2.token_ids
+async def test_top_k_1_and_tiny_top_p_are_greedy(hf_policy: Any) -> None:
+    g1, g2, g3 = await hf_policy.generate([_req(QUESTIONS[0], temperature=0.0), _req(QUESTIONS[0], temperature=0.8, top_k=1),
+                                           _req(QUESTIONS[0], temperature=1.0, top_p=1e-6)])
+    assert g1.token_ids == g2.token_ids == g3.token_ids
 
 
 async def test_tools_reach_the_prompt(hf_policy: Any) -> None:
