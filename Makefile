@@ -65,11 +65,11 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -x $(PYTEST_ARGS)
 
 quickstart: apt venv model
-	$(BIN)/agentgym eval --env agentgym/Demo-v0,agentgym/ALFWorld-v0,agentgym/SQL-v0,agentgym/Search-v0,agentgym/Code-v0,agentgym/Bash-v0 \
-	  --policy expert --split test --tasks 5 --samples 1 --seeds 0 --out runs/quickstart-expert
-	$(BIN)/agentgym eval --env agentgym/Demo-v0,agentgym/ALFWorld-v0,agentgym/SQL-v0 \
-	  --policy hf:smollm2-135m-instruct --split test --tasks 3 --samples 2 --seeds 0 --max-turns 4 --out runs/quickstart-smollm2
+	$(BIN)/agentgym list
+	$(BIN)/agentgym eval --config configs/eval/experts-all.toml --tasks 5 --seeds 0 --out runs/quickstart-expert
+	$(BIN)/agentgym eval --config configs/eval/smollm2-smoke.toml --out runs/quickstart-smollm2
 	$(BIN)/agentgym report runs/quickstart-expert runs/quickstart-smollm2 --out runs/quickstart-report
+	@echo "transcripts, summaries and plots: runs/quickstart-*"
 
 bench: venv
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -17,7 +17,7 @@ import typer
 if TYPE_CHECKING:
     from agentgym.policy import Policy
 
-__all__ = ["register", "resolve_policy"]
+__all__ = ["load_eval_config", "register", "resolve_policy"]
 
 
 def _fail(msg: str, code: int = 2) -> NoReturn:
@@ -168,15 +168,62 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print("[yellow]incomplete run: rerun the same command to resume.[/]")
 
 
+_CONFIG_KEYS = {
+    "env": str, "policy": str, "out": str, "split": str, "tasks": int, "samples": int, "seeds": str,
+    "max_turns": int, "max_tokens": int, "max_total_tokens": int, "max_wall_s": float, "temperature": float,
+    "top_p": float, "concurrency": int, "parser": str, "history": str, "env_kwarg": list,
+    "retry_errors": bool, "sampling_seeds": bool, "batch_requests": bool, "quiet": bool,
+}
+
+
+def load_eval_config(path: Path) -> dict[str, Any]:
+    """Read an eval config (TOML whose keys are ``agentgym eval``'s long options, with ``_`` for ``-``).
+
+    Lists are accepted for ``env`` and ``seeds``, and a table for ``env_kwarg``. Unknown keys and wrong
+    types raise ``typer.BadParameter`` naming the key.
+    """
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise typer.BadParameter(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise typer.BadParameter(f"config file {path} is not valid TOML: {e}") from None
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        k = key.replace("-", "_")
+        if k not in _CONFIG_KEYS:
+            raise typer.BadParameter(f"{path}: unknown key {key!r}; known: {', '.join(sorted(_CONFIG_KEYS))}")
+        if k in ("env", "seeds") and isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        if k == "env_kwarg" and isinstance(value, dict):
+            import json
+
+            value = [f"{a}={json.dumps(b)}" for a, b in value.items()]
+        want = _CONFIG_KEYS[k]
+        if k == "history" and isinstance(value, int):
+            value = str(value)
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise typer.BadParameter(f"{path}: {key} must be {want.__name__}, got {type(value).__name__}")
+        out[k] = value
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add ``eval`` and ``report`` to the CLI."""
 
     @app.command("eval")
     def eval_cmd(
-        env: Annotated[str, typer.Option("--env", "-e", help="Env id(s), comma-separated (agentgym/Demo-v0,...).")],
-        policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec: expert, hf:smollm2-135m-instruct, "
-                                            "vllm:..., openai:..., or py:MODULE:ATTR.")],
-        out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (rerun to resume).")],
+        ctx: typer.Context,
+        env: Annotated[str | None, typer.Option("--env", "-e", help="Env id(s), comma-separated (agentgym/Demo-v0,...).")] = None,
+        policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec: expert, hf:smollm2-135m-instruct, "
+                                                   "vllm:..., openai:..., or py:MODULE:ATTR.")] = None,
+        out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory (rerun to resume).")] = None,
+        config_file: Annotated[Path | None, typer.Option("--config", "-c", help="TOML file of these options "
+                                                         "(configs/eval/*.toml); command-line options win.")] = None,
         split: Annotated[str, typer.Option(help="Task split; 'test' falls back to an env's held-out split "
                                            "(ALFWorld: valid_unseen). Per env: test,agentgym/ALFWorld-v0=valid_seen")] = "test",
         tasks: Annotated[int | None, typer.Option(help="Tasks per env (default: the whole split).")] = None,
@@ -209,6 +256,29 @@ def register(app: typer.Typer) -> None:
         from agentgym.errors import AgentGymError
         from agentgym.eval.runner import EvalConfig, arun_eval
 
+        if config_file is not None:
+            try:
+                given = load_eval_config(config_file)
+            except typer.BadParameter as e:
+                _fail(str(e))
+            for key, value in given.items():
+                source = ctx.get_parameter_source(key)
+                if source is None or source.name not in ("COMMANDLINE", "ENVIRONMENT"):
+                    ctx.params[key] = value
+            p = ctx.params
+            env, policy, out, split, tasks, samples, seeds = (p["env"], p["policy"], p["out"], p["split"], p["tasks"],
+                                                              p["samples"], p["seeds"])
+            max_turns, max_tokens, max_total_tokens, max_wall_s = (p["max_turns"], p["max_tokens"],
+                                                                   p["max_total_tokens"], p["max_wall_s"])
+            temperature, top_p, concurrency, parser, history = (p["temperature"], p["top_p"], p["concurrency"],
+                                                                p["parser"], p["history"])
+            env_kwarg, retry_errors, sampling_seeds, batch_requests, quiet = (
+                p["env_kwarg"], p["retry_errors"], p["sampling_seeds"], p["batch_requests"], p["quiet"])
+        missing = [n for n, v in (("--env", env), ("--policy", policy), ("--out", out)) if v is None]
+        if missing:
+            _fail(f"missing {', '.join(missing)} (give them on the command line or in --config).")
+        assert env is not None and policy is not None and out is not None
+        out = Path(out)
         try:
             split_name, split_overrides = _parse_split(split)
             seed_list = _parse_seeds(seeds)
@@ -223,8 +293,8 @@ def register(app: typer.Typer) -> None:
             config.validate()
             from agentgym.registration import env_entry
 
-            for e in config.envs:
-                env_entry(e)
+            for env_id in config.envs:
+                env_entry(env_id)
         except typer.BadParameter as e:
             _fail(str(e))
         except AgentGymError as e:
