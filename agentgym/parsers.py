@@ -150,6 +150,16 @@ def _too_long(text: str) -> ParsedAction | None:
     return None
 
 
+def _common(action: Any, tools: ToolSet | None) -> tuple[str, ParsedAction | None]:
+    """What every parser does first: reject non-text, take structured calls, cap the length."""
+    text, raw, err = _action_text(action)
+    if err:
+        return text, ParsedAction(text, error=err)
+    if raw:
+        return text, _structured(raw, text, tools)
+    return text, _too_long(text)
+
+
 class HermesParser:
     """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks."""
 
@@ -157,13 +167,9 @@ class HermesParser:
     _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, action: Any, tools: ToolSet | None = None) -> ParsedAction:
-        text, raw, err = _action_text(action)
-        if err:
-            return ParsedAction(text, error=err)
-        if raw:
-            return _structured(raw, text, tools)
-        if (long := _too_long(text)) is not None:
-            return long
+        text, done = _common(action, tools)
+        if done is not None:
+            return done
         opens = text.count("<tool_call>")
         if opens == 0:
             if "</tool_call>" in text:
@@ -193,13 +199,9 @@ class JSONParser:
     name = "json"
 
     def parse(self, action: Any, tools: ToolSet | None = None) -> ParsedAction:
-        text, raw, err = _action_text(action)
-        if err:
-            return ParsedAction(text, error=err)
-        if raw:
-            return _structured(raw, text, tools)
-        if (long := _too_long(text)) is not None:
-            return long
+        text, done = _common(action, tools)
+        if done is not None:
+            return done
         body = text.strip()
         fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.DOTALL)
         if fence:
@@ -226,13 +228,9 @@ class ReActParser:
     _STOP = re.compile(r"^\s*(Observation|Thought)\s*\d*\s*:", re.IGNORECASE | re.MULTILINE)
 
     def parse(self, action: Any, tools: ToolSet | None = None) -> ParsedAction:
-        text, raw, err = _action_text(action)
-        if err:
-            return ParsedAction(text, error=err)
-        if raw:
-            return _structured(raw, text, tools)
-        if (long := _too_long(text)) is not None:
-            return long
+        text, done = _common(action, tools)
+        if done is not None:
+            return done
         last = None
         if ":" in text:  # cheap pre-check before the multiline regex
             for last in self._ACTION.finditer(text):  # noqa: B007 (we want the last match)

@@ -10,6 +10,7 @@ import resource
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = ["UidPool", "is_root", "kill_uid", "make_preexec"]
 
@@ -119,3 +120,13 @@ def kill_uid(uid: int, wait_s: float = 2.0) -> int:
         if not found or time.monotonic() > deadline:
             return killed
         time.sleep(0.01)
+
+
+def release_workdir(uid_cm: Any, uid: int | None, path: str) -> None:
+    """End a session: kill what its uid left running, return the uid to its pool, delete the work dir."""
+    import shutil
+
+    if uid_cm is not None:
+        kill_uid(uid or 0)
+        uid_cm.__exit__(None, None, None)
+    shutil.rmtree(path, ignore_errors=True)

@@ -202,6 +202,24 @@ def as_bytes(data: str | bytes | None) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
+def encode_request(program: str, *, language: str, stdin: str | bytes | None, files: Files | None,
+                   timeout_s: float, memory_mb: int, max_output_bytes: int, **extra: object) -> dict[str, object]:
+    """The JSON request a sandboxed worker (warm bwrap, docker exec) receives: payloads base64-encoded."""
+    import base64
+
+    req: dict[str, object] = {
+        "program": program,
+        "language": language,
+        "stdin": base64.b64encode(as_bytes(stdin)).decode() if stdin else None,
+        "files": {check_relpath(k): base64.b64encode(as_bytes(v)).decode() for k, v in (files or {}).items()},
+        "timeout_s": float(timeout_s),
+        "memory_mb": int(memory_mb),
+        "max_output_bytes": int(max_output_bytes),
+    }
+    req.update(extra)
+    return req
+
+
 def check_relpath(path: str) -> str:
     """Validate a ``files`` key: relative, no ``..``. Returns the normalized path."""
     norm = os.path.normpath(path)

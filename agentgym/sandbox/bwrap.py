@@ -20,7 +20,6 @@ Two modes:
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -35,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from agentgym.errors import SandboxError, SandboxUnavailable
-from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec
+from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec, release_workdir
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -47,6 +46,7 @@ from agentgym.sandbox.base import (
     check_relpath,
     communicate,
     default_python,
+    encode_request,
     killpg,
     looks_oom,
     result_from,
@@ -132,11 +132,8 @@ class BwrapSession:
                                    workdir=self._dir, uid=self._uid)
 
     def close(self) -> None:
-        if self._uid_cm is not None:
-            kill_uid(self._uid or 0)
-            self._uid_cm.__exit__(None, None, None)
-            self._uid_cm = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        release_workdir(self._uid_cm, self._uid, self._dir)
+        self._uid_cm = None
 
     def __enter__(self) -> BwrapSession:
         return self
@@ -374,18 +371,9 @@ class BwrapSandbox:
 
     def _run_warm(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
                   timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult:
-        req = {
-            "program": program,
-            "language": language,
-            "stdin": base64.b64encode(as_bytes(stdin)).decode() if stdin else None,
-            "files": {check_relpath(k): base64.b64encode(as_bytes(v)).decode() for k, v in (files or {}).items()},
-            "timeout_s": float(timeout_s),
-            "memory_mb": int(memory_mb),
-            "max_output_bytes": int(max_output_bytes),
-            "nproc": self.nproc,
-            "file_mb": self.file_mb,
-            "fresh_interpreter": self.fresh_interpreter,
-        }
+        req = encode_request(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                             memory_mb=memory_mb, max_output_bytes=max_output_bytes, nproc=self.nproc,
+                             file_mb=self.file_mb, fresh_interpreter=self.fresh_interpreter)
         t0 = time.monotonic()
         with self._worker(timeout_s) as w:
             resp = w.request(req, timeout_s=timeout_s + 10.0)

@@ -38,8 +38,7 @@ from agentgym.sandbox.base import (
     ExecResult,
     Files,
     Language,
-    as_bytes,
-    check_relpath,
+    encode_request,
     looks_oom,
 )
 
@@ -290,18 +289,9 @@ class DockerSandbox:
               timeout_s: float, memory_mb: int, max_output_bytes: int, workdir: str | None) -> tuple[ExecResult, bool]:
         if language not in ("python", "bash"):
             raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
-        req = {
-            "program": program,
-            "language": language,
-            "stdin": base64.b64encode(as_bytes(stdin)).decode() if stdin else None,
-            "files": {check_relpath(k): base64.b64encode(as_bytes(v)).decode() for k, v in (files or {}).items()},
-            "timeout_s": float(timeout_s),
-            "memory_mb": int(memory_mb),
-            "max_output_bytes": int(max_output_bytes),
-            "nproc": self.nproc,
-            "file_mb": self.file_mb,
-            "workdir": workdir,
-        }
+        req = encode_request(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                             memory_mb=memory_mb, max_output_bytes=max_output_bytes, nproc=self.nproc,
+                             file_mb=self.file_mb, workdir=workdir)
         payload = base64.b64encode(json.dumps(req).encode()).decode()
         if len(payload) > _MAX_PAYLOAD:
             raise SandboxError(f"program + files + stdin are too large for the docker backend "

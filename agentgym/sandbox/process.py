@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 
 from agentgym.errors import SandboxError
-from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec
+from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec, release_workdir
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -79,11 +79,8 @@ class ProcessSession:
                                  timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
 
     def close(self) -> None:
-        if self._uid_cm is not None:
-            kill_uid(self._uid or 0)
-            self._uid_cm.__exit__(None, None, None)
-            self._uid_cm = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        release_workdir(self._uid_cm, self._uid, self._dir)
+        self._uid_cm = None
 
     def __enter__(self) -> ProcessSession:
         return self
