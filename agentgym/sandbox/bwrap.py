@@ -59,6 +59,30 @@ _ETC_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime", "/etc/s
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "0", "TMPDIR": "/tmp"}
 WORKER_PATH = Path(__file__).with_name("_worker.py")
+_worker_copy: str | None = None
+_worker_copy_lock = threading.Lock()
+
+
+def _worker_file() -> str:
+    """A world-readable copy of the worker script.
+
+    The worker starts as an unprivileged uid, which must be able to reach the file it binds. The
+    installed package may sit under a directory only root can enter (a 0700 temp dir, /root), so
+    the script is copied once per process into its own 0755 directory, removed at exit.
+    """
+    global _worker_copy
+    with _worker_copy_lock:
+        if _worker_copy is None or not os.path.exists(_worker_copy):
+            import atexit
+
+            d = tempfile.mkdtemp(prefix="agentgym-sandbox-")
+            os.chmod(d, 0o755)
+            dst = os.path.join(d, "worker.py")
+            shutil.copyfile(WORKER_PATH, dst)
+            os.chmod(dst, 0o644)
+            atexit.register(shutil.rmtree, d, True)
+            _worker_copy = dst
+        return _worker_copy
 _INLINE_MAX = 100_000  # bash scripts up to this size go on the command line (MAX_ARG_STRLEN is 128 KiB)
 
 
@@ -154,7 +178,7 @@ class _Worker:
         args = _base_args(box.exe, box.python, box.file_mb, die_with_parent=False)
         # The worker keeps capabilities *inside its own user namespace* so that it can create a
         # PID + mount namespace per run; the program itself runs with all of them dropped.
-        args += ["--cap-add", "ALL", "--ro-bind", str(WORKER_PATH), "/.agentgym/worker.py",
+        args += ["--cap-add", "ALL", "--ro-bind", _worker_file(), "/.agentgym/worker.py",
                  box.python, "-I", "-S", "/.agentgym/worker.py"]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=dict(_ENV), preexec_fn=make_preexec(uid=uid, timeout_s=None, memory_mb=None,

@@ -154,3 +154,20 @@ def test_docker_removes_stale_containers() -> None:
             box.close()
     finally:
         client.close()
+
+
+def test_worker_script_is_reachable_by_unprivileged_uids() -> None:
+    """The package may live under a 0700 directory (a fresh clone in mktemp -d, /root): the warm worker,
+    which starts as an unprivileged uid, must bind a copy every user can reach."""
+    import os
+    import stat
+
+    from agentgym.sandbox.bwrap import WORKER_PATH, _worker_file
+
+    path = _worker_file()
+    assert open(path).read() == WORKER_PATH.read_text()
+    assert os.stat(path).st_mode & stat.S_IROTH
+    d = os.path.dirname(path)
+    while d != "/":
+        assert os.stat(d).st_mode & stat.S_IXOTH, d
+        d = os.path.dirname(d)
