@@ -165,7 +165,9 @@ def test_worker_script_is_reachable_by_unprivileged_uids() -> None:
     from agentgym.sandbox.bwrap import WORKER_PATH, _worker_file
 
     path = _worker_file()
-    assert open(path).read() == WORKER_PATH.read_text()
+    from pathlib import Path
+
+    assert Path(path).read_text() == WORKER_PATH.read_text()
     assert os.stat(path).st_mode & stat.S_IROTH
     d = os.path.dirname(path)
     while d != "/":
