@@ -144,6 +144,20 @@ def render_markdown(runs: list[Run], images: dict[str, str] | None = None) -> st
     return "\n".join(lines)
 
 
+
+def _finish_bars(plt: Any, fig: Any, ax: Any, labels: list[str], n_runs: int, width: float, title: str,
+                 path: Path, rotation: int, fontsize: int | None = None) -> None:
+    """Label a grouped success-% bar chart (one bar per run at each label) and save it."""
+    ax.set_xticks([j + width * (n_runs - 1) / 2 for j in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=rotation, ha="right", fontsize=fontsize)
+    ax.set_ylabel("success (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
 def _plots(runs: list[Run], out: Path) -> dict[str, str]:
     import matplotlib
 
@@ -168,15 +182,8 @@ def _plots(runs: list[Run], out: Path) -> dict[str, str]:
             lo.append(100 * (s["mean"] - ci[0]))
             hi.append(100 * (ci[1] - s["mean"]))
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=r.name)
-    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(envs))])
-    ax.set_xticklabels([e.replace("agentgym/", "") for e in envs], rotation=20, ha="right")
-    ax.set_ylabel("success (%)")
-    ax.set_ylim(0, 105)
-    ax.set_title("Success by env (95% CI over seeds)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "success_by_env.png", dpi=110)
-    plt.close(fig)
+    _finish_bars(plt, fig, ax, [e.replace("agentgym/", "") for e in envs], len(runs), width,
+                 "Success by env (95% CI over seeds)", out / "success_by_env.png", rotation=20)
     images["env"] = "success_by_env.png"
 
     # success by task type
@@ -191,16 +198,8 @@ def _plots(runs: list[Run], out: Path) -> dict[str, str]:
                     xs.append(j + i * width)
                     ys.append(100 * b["success"])
             ax.bar(xs, ys, width, label=r.name)
-        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(labels))])
-        ax.set_xticklabels([f"{e.replace('agentgym/', '')}\n{tt}" for e, tt in labels], rotation=30, ha="right",
-                           fontsize=7)
-        ax.set_ylabel("success (%)")
-        ax.set_ylim(0, 105)
-        ax.set_title("Success by task type")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "success_by_task_type.png", dpi=110)
-        plt.close(fig)
+        _finish_bars(plt, fig, ax, [f"{e.replace('agentgym/', '')}\n{tt}" for e, tt in labels], len(runs), width,
+                     "Success by task type", out / "success_by_task_type.png", rotation=30, fontsize=7)
         images["task_type"] = "success_by_task_type.png"
 
     # cumulative success by number of turns
