@@ -29,6 +29,7 @@ Three cases stay distinct (STYLE.md, principle 12):
     │   └── ContextLengthExceeded     the prompt does not fit the model's context
     ├── TokenizationError             the chat template breaks the prefix property (drift)
     ├── TrainingDataError             a trajectory's token bookkeeping is inconsistent (lengths differ)
+    ├── TrainingDiverged              repeated non-finite losses or gradients stopped a training run
     └── WeightSyncError               a weight update cannot be applied (version not newer, bad delta)
 """
 
@@ -51,6 +52,7 @@ __all__ = [
     "TaskNotFound",
     "TokenizationError",
     "TrainingDataError",
+    "TrainingDiverged",
     "UnknownEnvError",
     "ValidationError",
     "WeightSyncError",
@@ -155,6 +157,10 @@ class TokenizationError(AgentGymError, ValueError):
 
 class TrainingDataError(AgentGymError, ValueError):
     """A trajectory cannot be turned into training data: token, logprob or version lengths disagree."""
+
+
+class TrainingDiverged(AgentGymError, RuntimeError):
+    """Several optimizer steps in a row had a non-finite loss or gradient; the run stopped."""
 
 
 class WeightSyncError(AgentGymError, ValueError):

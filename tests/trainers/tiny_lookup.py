@@ -1,0 +1,143 @@
+"""A tiny multi-turn task and a tiny model built from a config, for the CI learning tests.
+
+**Task** (``agentgym/TinyLookup-v0``): the user names a key; the agent must call ``lookup[KEY]``
+(a tool; the value comes back as a tool message) and then ``answer[VALUE]``. Values are paired
+with keys at random per task, and the test split uses pairings never seen in training, so the only
+way to succeed on held-out tasks is to copy the key from the prompt and the value from the tool's
+observation: the task needs the tool and two correct turns. A wrong key gets ``unknown key``;
+a wrong answer ends the episode with reward 0. Chance success is 1/len(VALUES).
+
+**Model**: a 2-layer Llama with a byte-level BPE tokenizer trained (with the ``tokenizers``
+library, in milliseconds) on the task's own text, and a prefix-stable ChatML template; nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentgym.core import AgentEnv
+from agentgym.registration import register_env
+from agentgym.tools import tool
+from agentgym.types import Message, TaskSpec
+
+ENV_ID = "agentgym/TinyLookup-v0"
+KEYS = ["owl", "elk", "yak", "emu", "cod", "gnu"]
+VALUES = ["red", "tan", "blue", "gold", "pink", "gray"]
+SYSTEM = "Find the value of the key with the lookup tool, then answer it."
+TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _held_out(ki: int, vi: int) -> bool:
+    return (ki + vi) % 3 == 0
+
+
+class TinyLookupEnv(AgentEnv):
+    """Look a key up with a tool, then answer with what the tool returned."""
+
+    family = "demo"
+    default_parser = "react"
+
+    def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
+        test = split == "test"
+        return [TaskSpec(f"{k}-{v}", split, "lookup", {"key": k, "value": v})
+                for ki, k in enumerate(KEYS) for vi, v in enumerate(VALUES) if _held_out(ki, vi) == test]
+
+    def _reset_task(self, task: TaskSpec) -> list[Message]:
+        return [{"role": "user", "content": f"key[{task.data['key']}]"}]
+
+    @tool
+    def lookup(self) -> str:
+        """Look up the value of the key in the task.
+
+        Returns:
+            "value[VALUE]".
+        """
+        assert self.task is not None
+        return f"value[{self.task.data['value']}]"
+
+    @tool
+    def answer(self, value: str) -> str:
+        """Answer with the value (ends the episode).
+
+        Args:
+            value: The value.
+
+        Returns:
+            "correct" or "wrong".
+        """
+        assert self.task is not None
+        ok = value.strip() == self.task.data["value"]
+        self.finish(float(ok), ok)
+        return "correct" if ok else "wrong"
+
+    def expert_action(self) -> str:
+        assert self.task is not None
+        if self._turn == 0:
+            return "lookup[]"
+        return f"answer[{self.task.data['value']}]"
+
+
+register_env(ENV_ID, "tiny_lookup:TinyLookupEnv", family="demo", max_episode_steps=4,
+             description="Tiny key lookup (tests): call lookup[key], then answer[value].")
+
+
+_RNG = random.Random(0)
+
+
+def protocol_only_action(messages: list[Message]) -> str:
+    """A scripted demonstrator that knows the protocol but not the answer: it calls the tool, then
+    answers a random value (it ignores the tool's observation). Imitating it teaches the format and
+    the first move; using the observation is left for RL to learn."""
+    if not any(m["role"] == "assistant" for m in messages):
+        return "lookup[]"
+    return f"answer[{_RNG.choice(VALUES)}]"
+
+
+def corpus() -> list[str]:
+    out = [SYSTEM, "unknown key", "correct", "wrong"]
+    for k in KEYS:
+        for v in VALUES:
+            out += [f"key[{k}]", "lookup[]", f"answer[{v}]", f"value[{v}]"]
+    return out * 4
+
+
+def build_tiny_model(out: str | Path, *, hidden: int = 64, layers: int = 2, heads: int = 4, init: float = 0.02,
+                     seed: int = 0) -> Path:
+    """Write a tiny Llama + trained byte-level BPE tokenizer + chat template to ``out`` (a model folder)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    roles = [f"<|im_start|>{r}\n" for r in ("system", "user", "assistant", "tool")]
+    tok.train_from_iterator(corpus() + roles * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast.chat_template = TEMPLATE
+    fast.padding_side = "left"
+    fast.save_pretrained(str(out))
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=256, tie_word_embeddings=True, initializer_range=init,
+                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config.eos_token_id = fast.eos_token_id
+    model.generation_config.pad_token_id = fast.pad_token_id
+    model.save_pretrained(str(out))
+    return out

@@ -1,0 +1,83 @@
+"""The trained model: loading (full or LoRA through ``peft``), adapters, and token log-probabilities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agentgym.errors import ConfigurationError, DependencyNotInstalled
+
+from .batching import MicroBatch
+
+__all__ = ["adapter_parameters", "add_lora", "load_causal_lm", "token_logprobs"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu", gradient_checkpointing: bool = False) -> Any:
+    """A transformers causal LM in train mode (``path``: short name, folder or hub id)."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise DependencyNotInstalled("training", "agentgym[hf]") from e
+    from agentgym.policies.models import resolve_model
+
+    resolved = resolve_model(path)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=_DTYPES[dtype])
+    except OSError as e:
+        raise ConfigurationError(f"cannot load model {path!r} from {resolved}: {e}") from e
+    model = model.to(device)
+    model.config.use_cache = False
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    return model
+
+
+def add_lora(model: Any, adapter: str, *, rank: int, alpha: float, dropout: float, targets: list[str] | str) -> Any:
+    """Wrap ``model`` with a LoRA adapter named ``adapter`` (or add one to an existing peft model)."""
+    try:
+        import peft
+    except ImportError as e:
+        raise DependencyNotInstalled("LoRA fine-tuning", "agentgym[train]", "It brings peft.") from e
+    cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                          task_type="CAUSAL_LM", bias="none")
+    if isinstance(model, peft.PeftModel):
+        model.add_adapter(adapter, cfg)
+        return model
+    return peft.get_peft_model(model, cfg, adapter_name=adapter)
+
+
+def adapter_parameters(model: Any, adapter: str | None) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters one trainer optimizes: one LoRA adapter's, or every parameter (full fine-tune)."""
+    if adapter is None:
+        return [(n, p) for n, p in model.named_parameters()]
+    params = [(n, p) for n, p in model.named_parameters() if f".{adapter}." in n and "lora_" in n]
+    if not params:
+        raise ConfigurationError(f"the model has no LoRA adapter {adapter!r}")
+    return params
+
+
+def token_logprobs(model: Any, mb: MicroBatch, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probability of every next token, and optionally the entropy on trained positions.
+
+    Returns:
+        ``logp`` ``[B, W-1]`` float32 (position t: log p(token t+1 | tokens <= t)), with grad if the
+        model is in grad mode; ``entropy`` ``[B, W-1]`` (no grad, 0 off the target mask) or ``None``.
+    """
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    logits = out.logits[:, :-1, :].float()  # [B, W-1, V]
+    targets = mb.input_ids[:, 1:].unsqueeze(-1)  # [B, W-1, 1]
+    logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, W-1]
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = torch.zeros_like(logp)
+            sel = mb.target_mask > 0  # [B, W-1]
+            if sel.any():
+                z = logits.detach()[sel]  # [N, V]
+                p = torch.softmax(z, dim=-1)
+                ent[sel] = torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
+    return logp, ent
