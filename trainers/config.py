@@ -148,6 +148,7 @@ class LossConfig(_Section):
         kl_coef: Weight of the k3 KL to a frozen copy of the initial model (0: no reference).
         tis_cap: Truncated importance sampling: weight each token by
             ``min(pi_trainer / pi_behaviour, tis_cap)`` (``None``: off).
+        entropy_coef: Entropy bonus per trained token (0: off).
         epochs / mini_batches: PPO epochs over the batch and optimizer steps per epoch.
     """
 
@@ -157,6 +158,7 @@ class LossConfig(_Section):
     norm_len: int = Field(1024, ge=1)
     kl_coef: float = Field(0.0, ge=0)
     tis_cap: float | None = Field(2.0, gt=0)
+    entropy_coef: float = Field(0.0, ge=0)
     epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1)
 

@@ -60,24 +60,26 @@ def adapter_parameters(model: Any, adapter: str | None) -> list[tuple[str, torch
     return params
 
 
-def token_logprobs(model: Any, mb: MicroBatch, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(model: Any, mb: MicroBatch, *, entropy: bool = False,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of every next token, and optionally the entropy on trained positions.
 
     Returns:
         ``logp`` ``[B, W-1]`` float32 (position t: log p(token t+1 | tokens <= t)), with grad if the
-        model is in grad mode; ``entropy`` ``[B, W-1]`` (no grad, 0 off the target mask) or ``None``.
+        model is in grad mode; ``entropy`` ``[B, W-1]`` (0 off the target mask; with grad only if
+        ``entropy_grad``) or ``None``.
     """
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
     logits = out.logits[:, :-1, :].float()  # [B, W-1, V]
     targets = mb.input_ids[:, 1:].unsqueeze(-1)  # [B, W-1, 1]
     logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, W-1]
     ent = None
-    if entropy:
-        with torch.no_grad():
-            ent = torch.zeros_like(logp)
+    if entropy or entropy_grad:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             sel = mb.target_mask > 0  # [B, W-1]
-            if sel.any():
-                z = logits.detach()[sel]  # [N, V]
-                p = torch.softmax(z, dim=-1)
-                ent[sel] = torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
+            z = logits[sel] if entropy_grad else logits.detach()[sel]  # [N, V]
+            p = torch.softmax(z, dim=-1)
+            h = torch.logsumexp(z, dim=-1) - (p * z).sum(-1)  # [N]
+            ent = torch.zeros_like(logp, requires_grad=False).masked_scatter(sel, h) if sel.any() else \
+                torch.zeros_like(logp)
     return logp, ent

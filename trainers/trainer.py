@@ -167,7 +167,8 @@ class PolicyTrainer:
         total = 0.0
         finite = True
         for j, mb in enumerate(mbs):
-            logp, ent = token_logprobs(self.model, mb, entropy=True)  # [B, W-1]
+            bonus = cfg.entropy_coef > 0 and self.algorithm == "grpo"
+            logp, ent = token_logprobs(self.model, mb, entropy=True, entropy_grad=bonus)  # [B, W-1]
             if self.algorithm == "sft":
                 per_tok = sft_loss(logp)
                 out = None
@@ -177,6 +178,9 @@ class PolicyTrainer:
                                   ref_logp=None if refs is None else refs[j], kl_coef=cfg.kl_coef,
                                   behaviour_logp=mb.behaviour_logp, tis_cap=cfg.tis_cap)
                 per_tok = out.loss
+            if bonus and ent is not None:
+                per_tok = per_tok - cfg.entropy_coef * ent  # entropy bonus (keeps exploring)
+                ent = ent.detach()
             loss = (per_tok * mb.weights).sum()
             if not torch.isfinite(loss):
                 finite = False
