@@ -433,6 +433,7 @@ class SpiderSQLEnv(BaseSQLEnv):
             known_ids = {str(t["db_id"]) for t in _read_json(root / "tables.json")}
         self._tasks: dict[str, list[TaskSpec]] = {}
         self._db_paths: dict[str, Path] = {}
+        self.load_log.env, self.load_log.source = "SQL-Spider-v0", str(root)
         for split, files in (split_files or self.DEFAULT_SPLITS).items():
             found = [root / f for f in files if (root / f).exists()]
             if not found:
@@ -447,6 +448,8 @@ class SpiderSQLEnv(BaseSQLEnv):
             raise ConfigurationError(f"SQL-Spider-v0: no question file under {str(root)!r}; looked for {', '.join(wanted)}.")
         self.splits = tuple(self._tasks)  # type: ignore[misc]
         self.default_split = "train" if "train" in self._tasks else self.splits[0]  # type: ignore[misc]
+        self.load_log.loaded = sum(len(v) for v in self._tasks.values())
+        self.load_log.warn(log)  # every row becomes a task (a malformed row is an error): INFO
 
     def _make_task(self, split: str, stem: str, i: int, ex: Any, dirs: list[Path], known: set[str] | None) -> TaskSpec:
         where = f"{stem}.json item {i}"

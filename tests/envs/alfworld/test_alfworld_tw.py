@@ -114,3 +114,30 @@ def test_real_alfworld_data_passes_the_checker() -> None:
     env = agentgym.make("agentgym/ALFWorld-TW-v0")
     assert len(env.unwrapped.tasks("valid_seen")) > 0
     agentgym.check_env(env, gym_checks=False)
+
+
+def test_game_files_left_out_are_counted_with_reasons(tmp_path: Path) -> None:
+    import json
+
+    from agentgym.envs.alfworld.tw import _collect_games
+
+    from agentgym.loading import LoadReport
+
+    games = {
+        "pick_and_place_simple-Mug-None-Desk-308/trial_1": {"solvable": True},
+        "look_at_obj_in_light-Pillow-None-FloorLamp-219/trial_2": {"solvable": True},
+        "pick_and_place_with_movable_recep-Pen-Mug-Desk-308/trial_3": {"solvable": True},
+        "pick_heat_then_place_in_recep-AppleSliced-None-Fridge-10/trial_4": {"solvable": True},
+        "pick_cool_then_place_in_recep-Pan-None-Fridge-10/trial_5": {"solvable": False},
+        "pick_clean_then_place_in_recep-Cloth-None-Cart-401/trial_6": "not json {",
+    }
+    for name, body in games.items():
+        f = tmp_path / "valid_seen" / name / "game.tw-pddl"
+        f.parent.mkdir(parents=True)
+        f.write_text(body if isinstance(body, str) else json.dumps(body))
+    report = LoadReport("ALFWorld-TW-v0")
+    kept = _collect_games(tmp_path / "valid_seen", report)
+    assert [Path(g).parent.parent.name for g in kept] == ["look_at_obj_in_light-Pillow-None-FloorLamp-219",
+                                                           "pick_and_place_simple-Mug-None-Desk-308"]
+    assert report.reasons() == {"movable-receptacle or sliced game (left out by ALFWorld's text env too)": 2,
+                                "unreadable game file": 1, "game marked unsolvable": 1}
