@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import ConfigurationError, DependencyNotInstalled, PolicyError, PolicyTimeout
-from agentgym.policy import Generation, GenRequest, SamplingParams
+from agentgym.policy import (
+    Capabilities,
+    Generation,
+    GenRequest,
+    PolicyLifecycle,
+    SamplingParams,
+    describe_policy,
+)
 
 from ._common import PreparedPrompt, Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
@@ -40,7 +47,7 @@ class _Row:
     seed: int | None = None  # sample j of a seeded request uses seed + j
 
 
-class HFPolicy:
+class HFPolicy(PolicyLifecycle):
     """A transformers model as a :class:`~agentgym.policy.TokenPolicy`.
 
     Args:
@@ -105,16 +112,30 @@ class HFPolicy:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.weight_version = 0
         self._lock = threading.Lock()
+        self._closed = False
+
+    capabilities = Capabilities(sessions=True, weight_updates=True)
 
     # ---------------------------------------------------------------- contract
     def new_session(self) -> TokenizerChatSession:
         """A token-exact chat session over this model's tokenizer."""
         return TokenizerChatSession(self.tokenizer, on_mismatch=self.on_mismatch)
 
+    def describe(self) -> dict[str, Any]:
+        return describe_policy(self, backend="transformers", model_path=str(self.model_path), device=str(self.device),
+                               dtype=str(self.model.dtype).replace("torch.", ""), weight_version=self.weight_version,
+                               context_length=self.context_length)
+
+    async def aclose(self) -> None:
+        """Release the model (the policy cannot generate afterwards)."""
+        self._closed = True
+
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         """Generate ``n`` completions per request (request-major order)."""
         if not requests:
             return []
+        if self._closed:
+            raise PolicyError("this HFPolicy was closed; create a new one")
         prompts = prepare_prompts(self.tokenizer, requests, self.context_length, self.truncation)
         cancel = threading.Event()
         task = asyncio.ensure_future(asyncio.to_thread(self._generate_sync, list(requests), prompts, cancel))

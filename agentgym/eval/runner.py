@@ -22,7 +22,6 @@ Output directory:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import platform
 import sys
@@ -36,14 +35,14 @@ from typing import Any
 import agentgym
 from agentgym.errors import ConfigurationError
 from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
-from agentgym.policy import Policy, SamplingParams
+from agentgym.policy import Policy, SamplingParams, capabilities_of
 from agentgym.rollout.batching import micro_batch
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.episode import TokenMode, uses_tokens
 from agentgym.rollout.jsonl import append_jsonl, iter_jsonl
 from agentgym.rollout.runtime import RolloutLimits, RolloutRuntime
 from agentgym.rollout.workflow import GroupRequest, MultiTurnWorkflow
-from agentgym.types import TaskSpec, Trajectory
+from agentgym.types import TaskSpec, Trajectory, TrajectoryGroup
 
 __all__ = ["EPISODES_FILE", "SUMMARY_FILE", "EvalConfig", "arun_eval", "episode_key", "load_episodes",
            "run_eval", "select_tasks", "summarize"]
@@ -197,26 +196,13 @@ def load_episodes(out: str | Path) -> dict[str, Trajectory]:
 
 
 def _describe_policy(policy: Policy, spec: str | None) -> dict[str, Any]:
-    d: dict[str, Any] = {"spec": spec, "policy_id": policy.policy_id,
-                         "class": f"{type(policy).__module__}.{type(policy).__qualname__}",
-                         "token_in_token_out": uses_tokens(policy)}
-    describe = getattr(policy, "describe", None)
-    if callable(describe):
-        try:
-            extra = describe()
-            if isinstance(extra, dict):
-                d.update({k: v for k, v in extra.items() if _jsonable(v)})
-        except Exception as e:  # describing must never break an eval
-            d["describe_error"] = str(e)
-    for attr in ("model_id", "model_name", "model_path", "revision", "dtype", "device", "weight_version",
-                 "backend", "version", "base_url"):
-        v = getattr(policy, attr, None)
-        if v is not None and attr not in d and _jsonable(v):
-            d[attr] = v if isinstance(v, (int, float, bool)) else str(v)
-    tok = getattr(policy, "tokenizer", None)
-    template = getattr(tok, "chat_template", None) if tok is not None else None
-    if isinstance(template, str):
-        d["chat_template_sha1"] = hashlib.sha1(template.encode()).hexdigest()[:12]
+    try:
+        d = dict(policy.describe())
+    except Exception as e:  # describing must never break an eval
+        d = {"policy_id": policy.policy_id, "describe_error": f"{type(e).__name__}: {e}"}
+    d = {k: v for k, v in d.items() if _jsonable(v)}
+    d["spec"] = spec
+    d.setdefault("token_in_token_out", uses_tokens(policy))
     return d
 
 
@@ -229,21 +215,24 @@ def _jsonable(v: Any) -> bool:
 
 
 def _load_report(env: Any, split: str, evaluated: int) -> dict[str, Any] | None:
-    """The env's own account of loaded and skipped tasks (``AgentEnv.load_report``), plus how many
-    of them this run evaluates."""
-    fn = getattr(env, "load_report", None)
-    if not callable(fn):
+    """The env's own account of loaded and skipped tasks (``AgentEnv.load_report``, read through
+    wrappers like ``tasks``), plus how many of them this run evaluates."""
+    try:
+        fn = env.get_wrapper_attr("load_report")
+    except AttributeError:
         return None
     report = dict(fn(split))
     report["evaluated"] = evaluated
     return report
 
 
-def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int) -> dict[str, Any]:
+def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int,
+                  reset_info: dict[str, Any]) -> dict[str, Any]:
     from agentgym.registration import env_entry
 
     e = env_entry(env_id)
     inner = env.unwrapped
+    tools = [t.get("function", {}).get("name") for t in reset_info.get("tools") or [] if isinstance(t, dict)]
     return {
         "id": env_id,
         "version": env_id.rsplit("-v", 1)[-1] if "-v" in env_id else None,
@@ -252,8 +241,8 @@ def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], poo
         "family": e.family,
         "plugin": e.plugin or None,
         "max_episode_steps": getattr(getattr(env, "spec", None), "max_episode_steps", None),
-        "parser": getattr(getattr(inner, "parser", None), "name", None),
-        "tools": list(inner.tools.names) if getattr(inner, "tools", None) is not None else [],
+        "parser": reset_info.get("parser"),
+        "tools": tools,
         "split": split,
         "split_size": pool_size,
         "task_ids": [t.task_id for t in chosen],
@@ -292,17 +281,20 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         plan: list[tuple[str, int, TaskSpec]] = []
         for env_id in env_ids:
             async with runtime.env(env_id, timeout=config.env_timeout_s) as env:
-                inner = env.unwrapped
-                split = resolve_split(env_id, getattr(inner, "splits", None), config)
-                tasks_fn = getattr(inner, "tasks", None)
-                if not callable(tasks_fn):
-                    raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.")
+                try:  # the env's public API, through wrappers (an env served over HTTP answers the same)
+                    splits = env.get_wrapper_attr("splits")
+                    tasks_fn = env.get_wrapper_attr("tasks")
+                except AttributeError:
+                    raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.") from None
+                split = resolve_split(env_id, splits, config)
                 pool = list(await runtime.call(tasks_fn, split, timeout=config.env_timeout_s))
                 if not pool:
                     raise ConfigurationError(f"{env_id} split {split!r} has no tasks.")
                 chosen = select_tasks(pool, config.tasks)
-                envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool))
-                envs_proto[env_id]["tasks"] = await runtime.call(_load_report, inner, split, len(chosen),
+                _, info = await runtime.call(env.reset, seed=0, options={"task_id": chosen[0].task_id},
+                                             timeout=config.env_timeout_s)
+                envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool), dict(info))
+                envs_proto[env_id]["tasks"] = await runtime.call(_load_report, env, split, len(chosen),
                                                                  timeout=config.env_timeout_s)
                 plan += [(env_id, i, t) for i, t in enumerate(chosen)]
         protocol = _protocol(policy, config, envs_proto)
@@ -326,14 +318,15 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         n_done = total - len(requests)
         if progress is not None:
             progress(n_done, total, None)
-        runner_policy = (micro_batch(policy, max_batch=config.concurrency, runtime=runtime)
-                         if config.batch_requests else policy)
+        batch = config.batch_requests and not capabilities_of(policy).env_side
+        runner_policy = micro_batch(policy, max_batch=config.concurrency, runtime=runtime) if batch else policy
         wf = MultiTurnWorkflow(runner_policy, 1, sampling=config.sampling(), limits=config.limits(),
                                token_mode=config.token_mode, history_window=config.history_window)
         path = out / EPISODES_FILE
 
-        def on_group(req: GroupRequest, trajs: list[Trajectory]) -> None:
+        def on_group(req: GroupRequest, group: TrajectoryGroup) -> None:
             nonlocal n_done
+            trajs = group.trajectories
             for t in trajs:
                 t.info.update(req.info)
                 t.info["eval_key"] = req.info["eval_key"]
@@ -465,7 +458,7 @@ def _block(trajs: list[Trajectory], seeds: Sequence[int], samples: int) -> dict[
     reasons: dict[str, int] = defaultdict(int)
     for t in trajs:
         if t.truncated:
-            reasons[str(t.info.get("truncated_reason", "unknown"))] += 1
+            reasons[str(t.truncated_reason or "unknown")] += 1
     by_type: dict[str, list[bool]] = defaultdict(list)
     by_turns: dict[int, list[bool]] = defaultdict(list)
     for t in trajs:
