@@ -110,6 +110,9 @@ _BUILTINS: list[dict[str, Any]] = [
          max_episode_steps=10, description="Write, run and submit Python in a sandbox (HumanEval and more)."),
     dict(env_id="agentgym/Bash-v0", entry_point="agentgym.envs.code.bash:BashEnv", family="code",
          max_episode_steps=15, description="AgentBench-OS-style shell tasks in a sandbox."),
+    dict(env_id="agentgym/OS-v0", entry_point="agentgym.envs.code.os_env:OSEnv", family="code",
+         max_episode_steps=8, requires="path=, Docker",
+         description="AgentBench OS-interaction JSON, one root container and persistent shell per task; needs path=."),
 ]
 
 
