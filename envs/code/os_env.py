@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.core import AgentEnv, StepResult
-from agentgym.errors import ConfigurationError, EnvError, ValidationError
+from agentgym.errors import ConfigurationError, EnvError, SandboxUnavailable, ValidationError
 from agentgym.loading import LoadReport
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
@@ -360,7 +360,14 @@ class OSEnv(AgentEnv):
         self._expert_output = None
         self.last_check = {}
         d = task.data
-        self._box = OSContainer(self._docker(), self._image(), **self.limits)
+        try:
+            self._box = OSContainer(self._docker(), self._image(), **self.limits)
+        except SandboxUnavailable as e:
+            if self.image is not None or "No such image" not in str(e):
+                raise
+            with _IMAGE_LOCK:  # the image was removed under us (docker rmi): build it again, once
+                _IMAGE.clear()
+            self._box = OSContainer(self._docker(), self._image(), **self.limits)
         for i, (lang, code) in enumerate(d["init"]):
             res = self._box.run_script(lang, code, timeout_s=self.script_timeout_s)
             if res.exit_code != 0:
