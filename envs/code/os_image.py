@@ -302,3 +302,10 @@ def build_os_image(client: Any, tag: str | None = None) -> str:
 def ensure_os_image(client: Any, tag: str | None = None) -> str:
     """The tag of the OS-v0 image, building it first if needed."""
     return build_os_image(client, tag)
+
+
+if __name__ == "__main__":  # python -m agentgym.envs.code.os_image: build the image, print its tag
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from .os_shell import docker_client
+
+    print(ensure_os_image(docker_client()))
