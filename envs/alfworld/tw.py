@@ -260,7 +260,7 @@ def scene_to_tw_game(spec: S.SceneSpec, domain: str, grammar: str) -> dict[str, 
             objs.append(f"{oid} - object")
             init += [f"(inReceptacle {oid} {rid})", f"(objectAtLocation {oid} {loc})", f"(objectType {oid} {c.type}Type)"]
             flags = {
-                "pickupable": c.type not in V.TOGGLEABLE, "cleanable": c.type in V.CLEANABLE,
+                "pickupable": c.type in V.PICKUPABLE, "cleanable": c.type in V.CLEANABLE,
                 "heatable": c.type in V.HEATABLE, "coolable": c.type in V.COOLABLE,
                 "toggleable": c.type in V.TOGGLEABLE, "isReceptacleObject": c.type in V.RECEPTACLE_OBJECTS,
                 "isClean": c.clean, "isHot": c.hot, "isCool": c.cool,
