@@ -35,6 +35,7 @@ scripts are not supported (no compiler in the image): such tasks are left out an
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -184,14 +185,18 @@ def _task_data(item: Any, script_dir: Path) -> dict[str, Any]:
 
 def load_os_tasks(path: str | os.PathLike[str], *, script_dir: str | os.PathLike[str] | None = None,
                   split: str = "test", report: LoadReport | None = None) -> list[TaskSpec]:
-    """AgentBench OS tasks from a JSON/JSONL file or a folder of them (searched recursively).
+    """AgentBench OS tasks from a JSON/JSONL file, a folder of them (searched recursively) or a glob
+    (``.../data/[1-7]/*.json``: AgentBench's ``os-std`` set, without ``dev.json`` or backups).
 
     Script files (``{"file": ...}``) are read from ``script_dir``, or from AgentBench's layout
     (``data/<N>/*.json`` -> ``scripts/<N>/``), or from the task file's folder. Tasks that cannot run
     here are left out and recorded in ``report``.
     """
     root = Path(path).expanduser()
-    if root.is_dir():
+    if any(ch in str(path) for ch in "*?["):  # a glob, as AgentBench's config names its files
+        files = sorted(Path(p) for p in glob.glob(str(root), recursive=True) if p.endswith((".json", ".jsonl")))
+        base = Path(os.path.commonpath([str(f.parent) for f in files])) if files else root.parent
+    elif root.is_dir():
         files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
         base = root
     elif root.is_file():
@@ -274,8 +279,8 @@ class OSEnv(AgentEnv):
     """AgentBench OS-interaction tasks in per-episode Docker containers (see the module docstring).
 
     Args:
-        path: An AgentBench OS task file (``.json``/``.jsonl``) or a folder of them, e.g. AgentBench's
-            ``data/os_interaction/data``.
+        path: An AgentBench OS task file (``.json``/``.jsonl``), a folder of them, or a glob, e.g.
+            AgentBench's ``data/os_interaction/data/dev.json`` or ``data/os_interaction/data/[1-7]/*.json``.
         script_dir: Where ``{"file": ...}`` scripts live (default: AgentBench's layout, see :func:`load_os_tasks`).
         split: The split name the tasks get.
         image: A Docker image to use instead of the locally built one (it needs bash, coreutils, python3).

@@ -11,8 +11,8 @@ Debian's default accounts and groups (``base-passwd``), shadow files with locked
 the host's own accounts or secrets goes in.
 
 The image is imported with ``docker import`` (no registry, no network) and tagged
-``agentgym-os:<hash of its file list>``, so it is built once and rebuilt only when the host's
-packages change. ``scripts/os-image.sh`` builds it ahead of time.
+``agentgym-os:<hash of the host's package database>``, so it is built once (about 10 s) and
+rebuilt only when the host's packages change. ``scripts/os-image.sh`` builds it ahead of time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, SandboxUnavailable
 
-__all__ = ["IMAGE_REPO", "PACKAGES", "build_os_image", "ensure_os_image", "image_files"]
+__all__ = ["IMAGE_REPO", "PACKAGES", "build_os_image", "default_tag", "ensure_os_image", "image_files"]
 
 log = logging.getLogger(__name__)
 IMAGE_REPO = "agentgym-os"
@@ -263,11 +263,13 @@ def build_rootfs_tar(out: str | Path, files: list[str]) -> None:
                 _add_file(tar, f"/etc/skel/{name}", f"/root/{name}")
 
 
-def _tag(files: list[str]) -> str:
-    h = hashlib.sha1(BUILDER_VERSION.encode())
-    for f in files:
-        st = os.lstat(f)
-        h.update(f"{f}\0{st.st_size}\0{int(st.st_mtime)}\n".encode())
+def default_tag() -> str:
+    """``agentgym-os:<hash>`` of this builder and the host's package database: a new tag (so a new
+    image) whenever an installed package changes."""
+    h = hashlib.sha1(f"{BUILDER_VERSION}\0{','.join(PACKAGES)}\0".encode())
+    status = Path("/var/lib/dpkg/status")
+    if status.exists():
+        h.update(status.read_bytes())
     return f"{IMAGE_REPO}:{h.hexdigest()[:12]}"
 
 
@@ -275,15 +277,15 @@ def build_os_image(client: Any, tag: str | None = None) -> str:
     """Build (``docker import``) the image and return its tag; reuses it if that tag exists."""
     import docker.errors
 
-    files, missing = image_files()
-    if missing:
-        log.info("agentgym/OS-v0 image: host packages not installed, left out: %s", ", ".join(missing))
-    tag = tag or _tag(files)
+    tag = tag or default_tag()
     try:
         client.images.get(tag)
         return tag
     except docker.errors.ImageNotFound:
         pass
+    files, missing = image_files()
+    if missing:
+        log.info("agentgym/OS-v0 image: host packages not installed, left out: %s", ", ".join(missing))
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="agentgym-os-") as tmp:
         archive = os.path.join(tmp, "rootfs.tar")

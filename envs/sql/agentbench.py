@@ -38,8 +38,17 @@ digit). A row for which neither holds is excluded; the reason names the SQLite e
 MySQL-only function or syntax such as ``UPDATE ... LIMIT``) or says that the resulting tables
 differ (typically MySQL's collation rules beyond case and accents, number-to-text formatting, or
 silent truncation). Known differences the check cannot see, because they only matter for what an
-agent might do: ``LIKE`` is ASCII-case-insensitive only (not accent-insensitive); text written into
-a numeric column is stored as a number (``'010'`` becomes ``10``); MySQL-only functions fail.
+agent might do:
+
+* ``LIKE`` is ASCII-case-insensitive only (MySQL's is accent-insensitive too);
+* text written into a numeric column is stored as a number and hashed in the column's rendering
+  (``'010'`` is held as ``10``; ``'0.5'`` in a column of ``'0.50'``-style values as ``0.50``), where
+  MySQL's ``TEXT`` column keeps the text as written;
+* an empty cell in a numeric column compares as text (greater than any number); MySQL reads it as 0;
+* MySQL-only functions and syntax (``IF()``, ``SUBSTRING_INDEX()``, ``UPDATE ... LIMIT``) fail with
+  an error the agent sees.
+
+The agent is told it talks to SQLite.
 """
 
 from __future__ import annotations

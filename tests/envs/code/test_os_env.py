@@ -115,6 +115,9 @@ def test_single_file_explicit_script_dir_and_bad_paths(os_data: Path, tmp_path: 
     assert len(tasks) == 5 and tasks[0].task_id == "tasks/0" and rep.n_skipped == 3
     tasks = load_os_tasks(os_data / "1" / "tasks.json", script_dir=tmp_path)  # scripts not there
     assert [t.task_id for t in tasks] == ["tasks/0", "tasks/2", "tasks/4"]  # the tasks reading script files are out
+    globbed = load_os_tasks(str(os_data / "[12]" / "*.json*"))  # AgentBench names its files with globs
+    assert [t.task_id for t in globbed] == ["1/tasks/0", "1/tasks/1", "1/tasks/2", "1/tasks/3", "1/tasks/4", "2/more/0"]
+    assert globbed[1].data["init"][0] == ["bash", SCRIPTS["init/app-log.sh"]]  # scripts/1/ found for data/1/
     with pytest.raises(ConfigurationError, match="path="):
         OSEnv()
     with pytest.raises(ConfigurationError, match="does not exist"):
