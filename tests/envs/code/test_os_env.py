@@ -163,10 +163,14 @@ def test_agentbench_text_protocol() -> None:
 
 @pytest.fixture(scope="module")
 def docker_ok() -> None:
-    from agentgym.sandbox.docker import docker_available
+    from agentgym.envs.code.os_shell import docker_client
 
-    if not docker_available():
-        pytest.skip("the Docker engine is not running")
+    from agentgym.errors import DependencyNotInstalled, SandboxUnavailable
+
+    try:
+        docker_client(timeout=10).close()
+    except (SandboxUnavailable, DependencyNotInstalled) as e:
+        pytest.skip(f"no Docker engine: {e}")
 
 
 def bash(script: str) -> str:
