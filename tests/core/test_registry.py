@@ -9,7 +9,7 @@ import agentgym
 from agentgym.errors import UnknownEnvError
 
 # Envs that need a dataset path or an optional package are checked in their own test modules.
-NEEDS_SETUP = {"agentgym/SQL-Spider-v0", "agentgym/SQL-AgentBench-v0", "agentgym/ALFWorld-TW-v0"}
+NEEDS_SETUP = {"agentgym/SQL-Spider-v0", "agentgym/SQL-AgentBench-v0", "agentgym/ALFWorld-TW-v0", "agentgym/OS-v0"}
 
 
 def test_builtins_are_gymnasium_ids() -> None:
