@@ -134,6 +134,18 @@ def _fmt_ci(block: dict[str, Any]) -> str:
     return s
 
 
+def task_counts_line(tasks: dict[str, Any] | None) -> str:
+    """``tasks: 290 loaded, 100 evaluated, 10 skipped (7 x reason A; 3 x reason B)``, or ``""``."""
+    if not tasks:
+        return ""
+    line = f"tasks: {tasks.get('loaded', 0)} loaded, {tasks.get('evaluated', '?')} evaluated, "
+    line += f"{tasks.get('skipped', 0)} skipped"
+    reasons = tasks.get("skip_reasons") or {}
+    if reasons:
+        line += " (" + "; ".join(f"{n} x {r}" for r, n in reasons.items()) + ")"
+    return line
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The rich results table."""
     from rich.console import Console
@@ -164,6 +176,10 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{b['timings']['episode_wall_mean_s']:.2f}" if b["timings"]["episode_wall_mean_s"] is not None else "–",
         )
     console.print(table)
+    for name, b in summary.get("envs", {}).items():
+        line = task_counts_line(b.get("tasks"))
+        if line:
+            console.print(f"{name.removeprefix('agentgym/')}: {line}", highlight=False)
     if not summary.get("complete", True):
         console.print("[yellow]incomplete run: rerun the same command to resume.[/]")
 
@@ -243,8 +259,8 @@ def register(app: typer.Typer) -> None:
         retry_errors: Annotated[bool, typer.Option("--retry-errors/--no-retry-errors",
                                                    help="On resume, rerun episodes that ended with an error.")] = True,
         sampling_seeds: Annotated[bool, typer.Option("--sampling-seeds/--no-sampling-seeds",
-                                                     help="Seed every turn's sampling (reproducible; HF then "
-                                                     "runs rows one at a time).")] = True,
+                                                     help="Seed every turn's sampling (reproducible where the "
+                                                     "backend honours seeds).")] = True,
         batch_requests: Annotated[bool, typer.Option("--batch-requests/--no-batch-requests",
                                                      help="Coalesce concurrent turns into batched policy calls.")] = True,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
