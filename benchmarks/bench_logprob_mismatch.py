@@ -38,7 +38,6 @@ def _requests() -> list[Any]:
 
 def _score(model_path: str, dtype: str, gens: list[Any]) -> list[list[float]]:
     import torch
-
     from agentgym.trainers.batching import TrainSample, collate
     from agentgym.trainers.model import load_causal_lm, token_logprobs
 

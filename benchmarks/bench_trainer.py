@@ -43,7 +43,7 @@ def make_workload(vocab: int, seed: int = 0) -> dict[str, Any]:
 
     g = torch.Generator().manual_seed(seed)
     seqs, masks = [], []
-    for i in range(N_SEQ):
+    for _ in range(N_SEQ):
         prompt = 150 + int(torch.randint(0, 200, (1,), generator=g))
         ids: list[int] = torch.randint(10, vocab, (prompt,), generator=g).tolist()
         mask = [0] * prompt
@@ -66,7 +66,6 @@ def _stats(times: list[float], trained: int, total: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- ours
 def run_ours(model_path: str, work: dict[str, Any], finetune: str, steps: int) -> dict[str, Any]:
     import torch
-
     from agentgym.trainers.batching import TrainSample
     from agentgym.trainers.config import LossConfig, OptimConfig
     from agentgym.trainers.model import add_lora, load_causal_lm

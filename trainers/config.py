@@ -67,12 +67,12 @@ class RunConfig(_Section):
     name: str = "run"
     out_dir: str = "runs/train"
     algorithm: Literal["grpo", "sft"] = "grpo"
-    steps: int = Field(100, ge=0)
+    steps: int = Field(default=100, ge=0)
     seed: int = 0
-    checkpoint_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
+    checkpoint_every: int = Field(default=10, ge=1)
+    keep_checkpoints: int = Field(default=2, ge=1)
     resume: bool = True
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(default=None, ge=1)
 
 
 class ModelConfig(_Section):
@@ -89,9 +89,9 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
     finetune: Literal["full", "lora"] = "full"
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: float = Field(32.0, gt=0)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_rank: int = Field(default=16, ge=1)
+    lora_alpha: float = Field(default=32.0, gt=0)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_targets: list[str] | str = "all-linear"
     gradient_checkpointing: bool = False
 
@@ -115,19 +115,19 @@ class RolloutConfig(_Section):
     imports: list[str] = Field(default_factory=list)
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     split: str = "train"
-    tasks: int | None = Field(None, ge=1)
+    tasks: int | None = Field(default=None, ge=1)
     backend: Literal["hf", "vllm"] = "hf"
     rollout_dtype: Literal["float32", "bfloat16"] | None = None
-    group_size: int = Field(8, ge=1)
-    groups_per_step: int = Field(8, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(256, ge=1)
-    max_turns: int | None = Field(None, ge=1)
-    max_total_tokens: int | None = Field(None, ge=1)
-    concurrency: int = Field(32, ge=1)
+    group_size: int = Field(default=8, ge=1)
+    groups_per_step: int = Field(default=8, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=256, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    concurrency: int = Field(default=32, ge=1)
     sampling_seeds: bool = False
-    policy_timeout_s: float = Field(600.0, gt=0)
+    policy_timeout_s: float = Field(default=600.0, gt=0)
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -135,7 +135,7 @@ class AdvantageConfig(_Section):
     """Group-relative advantages: ``grpo`` (mean/std), ``dr_grpo`` (mean only), ``rloo`` (leave-one-out)."""
 
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    eps: float = Field(1e-6, gt=0)
+    eps: float = Field(default=1e-6, gt=0)
 
 
 class LossConfig(_Section):
@@ -152,15 +152,15 @@ class LossConfig(_Section):
         epochs / mini_batches: PPO epochs over the batch and optimizer steps per epoch.
     """
 
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
     aggregation: Literal["token-mean", "seq-mean", "token-sum"] = "token-mean"
-    norm_len: int = Field(1024, ge=1)
-    kl_coef: float = Field(0.0, ge=0)
-    tis_cap: float | None = Field(2.0, gt=0)
-    entropy_coef: float = Field(0.0, ge=0)
-    epochs: int = Field(1, ge=1)
-    mini_batches: int = Field(1, ge=1)
+    norm_len: int = Field(default=1024, ge=1)
+    kl_coef: float = Field(default=0.0, ge=0)
+    tis_cap: float | None = Field(default=2.0, gt=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
+    epochs: int = Field(default=1, ge=1)
+    mini_batches: int = Field(default=1, ge=1)
 
 
 class FilterConfig(_Section):
@@ -176,11 +176,11 @@ class FilterConfig(_Section):
     """
 
     dynamic_sampling: bool = True
-    max_refill_rounds: int = Field(2, ge=0)
+    max_refill_rounds: int = Field(default=2, ge=0)
     mask_truncated: bool = False
-    overlong_max_tokens: int | None = Field(None, ge=1)
-    overlong_buffer: int = Field(0, ge=0)
-    overlong_penalty: float = Field(1.0, ge=0)
+    overlong_max_tokens: int | None = Field(default=None, ge=1)
+    overlong_buffer: int = Field(default=0, ge=0)
+    overlong_penalty: float = Field(default=1.0, ge=0)
 
 
 class OptimConfig(_Section):
@@ -193,15 +193,15 @@ class OptimConfig(_Section):
             run stops.
     """
 
-    lr: float = Field(1e-5, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(default=1e-5, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    warmup_steps: int = Field(0, ge=0)
+    eps: float = Field(default=1e-8, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
-    grad_clip: float | None = Field(1.0, gt=0)
-    token_budget: int = Field(4096, ge=16)
-    max_bad_steps: int = Field(3, ge=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    token_budget: int = Field(default=4096, ge=16)
+    max_bad_steps: int = Field(default=3, ge=1)
 
 
 class DataConfig(_Section):
@@ -215,31 +215,31 @@ class DataConfig(_Section):
     """
 
     paths: list[str] = Field(default_factory=list)
-    batch_size: int = Field(8, ge=1)
-    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+    epochs: int = Field(default=1, ge=1)
     only_success: bool = False
-    max_len: int | None = Field(None, ge=8)
+    max_len: int | None = Field(default=None, ge=8)
 
 
 class EvalConfig(_Section):
     """Held-out evaluation through ``agentgym.eval`` (same protocol and summary as ``agentgym eval``)."""
 
     split: str = "test"
-    tasks: int | None = Field(None, ge=1)
+    tasks: int | None = Field(default=None, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0])
-    temperature: float = Field(0.0, ge=0)
-    max_tokens: int | None = Field(None, ge=1)
-    max_turns: int | None = Field(None, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)
     before: bool = True
     after: bool = True
-    every: int = Field(0, ge=0)
+    every: int = Field(default=0, ge=0)
 
 
 class LogConfig(_Section):
     tensorboard: bool = False
     progress: bool = True
     plot: bool = True
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(default=1, ge=1)
 
 
 class MultiConfig(_Section):
@@ -255,7 +255,7 @@ class MultiConfig(_Section):
     workflow: Literal["none", "solver_verifier"] = "none"
     shared_base: bool = False
     verifier_path: str | None = None
-    verifier_max_tokens: int = Field(32, ge=1)
+    verifier_max_tokens: int = Field(default=32, ge=1)
 
 
 class TrainConfig(_Section):

@@ -25,7 +25,7 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu", gradi
 
     resolved = resolve_model(path)
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=_DTYPES[dtype])
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=_DTYPES[dtype])
     except OSError as e:
         raise ConfigurationError(f"cannot load model {path!r} from {resolved}: {e}") from e
     model = model.to(device)
@@ -42,8 +42,9 @@ def add_lora(model: Any, adapter: str, *, rank: int, alpha: float, dropout: floa
         import peft
     except ImportError as e:
         raise DependencyNotInstalled("LoRA fine-tuning", "agentgym[train]", "It brings peft.") from e
-    cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                          task_type="CAUSAL_LM", bias="none")
+    lora_kw: dict[str, Any] = {"r": rank, "lora_alpha": alpha, "lora_dropout": dropout, "target_modules": targets,
+                               "task_type": "CAUSAL_LM", "bias": "none"}
+    cfg = peft.LoraConfig(**lora_kw)
     if isinstance(model, peft.PeftModel):
         model.add_adapter(adapter, cfg)
         return model

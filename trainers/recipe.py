@@ -175,7 +175,8 @@ class Recipe:
         cfg, m = self.cfg, self.cfg.model
         pids = self._pids
         lora = m.finetune == "lora"
-        lkw = {"rank": m.lora_rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": m.lora_targets}
+        lkw: dict[str, Any] = {"rank": m.lora_rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout,
+                               "targets": m.lora_targets}
         models: dict[str, Any] = {}
         if cfg.multi.workflow != "none" and cfg.multi.shared_base:
             shared = load_causal_lm(cfg.model.path, m.dtype, m.device, m.gradient_checkpointing)
@@ -339,7 +340,8 @@ class Recipe:
             if not samples:
                 assert self.logger is not None
                 self.logger.note(f"step {self.step}: every group was filtered for {pid} "
-                                 f"({stats.groups} groups: {stats.zero_variance_groups} zero-variance, "
+                                 f"({filt['rolled_groups']} rolled, {filt['dropped_groups']} dropped by dynamic "
+                                 f"sampling; of {stats.groups} kept: {stats.zero_variance_groups} zero-variance, "
                                  f"{stats.early_stopped_groups} early-stopped, {stats.error_episodes} lost episodes); "
                                  "no optimizer step")
                 m["train"] = {"optimizer_steps": 0, "skipped": "all groups filtered"}

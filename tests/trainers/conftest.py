@@ -32,8 +32,8 @@ def protocol_demos(out: Path) -> Path:
     import asyncio
 
     import tiny_lookup
-
     from agentgym.policies.scripted import ScriptedPolicy
+
     from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
     from agentgym.rollout.collect import CollectWorkflow
     from agentgym.rollout.jsonl import write_jsonl
@@ -42,7 +42,7 @@ def protocol_demos(out: Path) -> Path:
         rt = RolloutRuntime(16)
         try:
             env = tiny_lookup.TinyLookupEnv()
-            wf = CollectWorkflow(ScriptedPolicy(tiny_lookup.protocol_only_action), 4, limits=RolloutLimits(max_turns=3))
+            wf = CollectWorkflow(ScriptedPolicy(tiny_lookup.gullible_demonstrator), 4, limits=RolloutLimits(max_turns=3))
             reqs = [GroupRequest(tiny_lookup.ENV_ID, t.task_id, seed=0) for t in env.tasks("train")]
             return await RolloutEngine(rt).run(wf, reqs)
         finally:
@@ -55,15 +55,15 @@ def protocol_demos(out: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The tiny model after a short SFT on protocol-only demos: it calls the tool and answers in the
-    right format, but it was never shown the right answer (held-out success is at chance)."""
+    """The tiny model after a short SFT on the gullible demonstrator's transcripts: it answers with what
+    a tool returned, but mostly asks the wrong tool (held-out success near chance)."""
     from agentgym.trainers.config import validate_config
     from agentgym.trainers.recipe import run_training
 
     root = tmp_path_factory.mktemp("tiny-sft")
     demos = protocol_demos(root / "demos.jsonl")
     cfg = validate_config({
-        "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 30, "seed": 0, "threads": 2},
+        "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 100, "seed": 0, "threads": 2},
         "model": {"path": tiny_model},
         "data": {"paths": [str(demos)], "batch_size": 16},
         "optim": {"lr": 1e-2},

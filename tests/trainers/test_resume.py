@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from agentgym.trainers.config import TrainConfig, validate_config
 from agentgym.trainers.recipe import run_training
 

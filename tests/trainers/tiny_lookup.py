@@ -1,11 +1,11 @@
 """A tiny multi-turn task and a tiny model built from a config, for the CI learning tests.
 
 **Task** (``agentgym/TinyLookup-v0``): the user names a key; the agent must call the ``lookup`` tool
-(``lookup[]``; the value comes back as a tool message, ``value[VALUE]``) and then ``answer[VALUE]``.
-Every training key is paired with every value, so nothing about the value can be learned from the
-key, and the test split uses keys never seen in training: the only way to succeed is to call the
-tool and copy what it returned. A wrong answer ends the episode with reward 0; chance success is
-1/len(VALUES).
+(``lookup[]``: the true value comes back as a tool message, ``value[VALUE]``) and then
+``answer[VALUE]``. A second tool, ``rumor[]``, returns a random value. Every training key is paired
+with every value, so nothing about the value can be learned from the key, and the test split uses
+keys never seen in training: the only way to succeed is to call the right tool and copy what it
+returned. A wrong answer ends the episode with reward 0; chance success is 1/len(VALUES).
 
 **Model**: a 2-layer Llama with a byte-level BPE tokenizer trained (with the ``tokenizers``
 library, in milliseconds) on the task's own text, and a prefix-stable ChatML template; nothing is
@@ -25,7 +25,7 @@ from agentgym.types import Message, TaskSpec
 
 ENV_ID = "agentgym/TinyLookup-v0"
 KEYS = ["owl", "elk", "yak", "emu", "cod", "gnu"]
-VALUES = ["red", "tan", "blue", "gold", "pink", "gray"]
+VALUES = ["red", "tan", "blue", "gold", "pink"]
 SYSTEM = "Find the value of the key with the lookup tool, then answer it."
 TEMPLATE = (
     "{%- for m in messages -%}"
@@ -62,6 +62,15 @@ class TinyLookupEnv(AgentEnv):
         return f"value[{self.task.data['value']}]"
 
     @tool
+    def rumor(self) -> str:
+        """Hear a rumor about the value (often wrong).
+
+        Returns:
+            "value[VALUE]" with a value drawn at random.
+        """
+        return f"value[{VALUES[int(self.np_random.integers(len(VALUES)))]}]"
+
+    @tool
     def answer(self, value: str) -> str:
         """Answer with the value (ends the episode).
 
@@ -83,27 +92,30 @@ class TinyLookupEnv(AgentEnv):
         return f"answer[{self.task.data['value']}]"
 
 
-register_env(ENV_ID, "tiny_lookup:TinyLookupEnv", family="demo", max_episode_steps=4,
-             description="Tiny key lookup (tests): call lookup[key], then answer[value].")
+register_env(ENV_ID, "tiny_lookup:TinyLookupEnv", family="test", max_episode_steps=4,
+             description="Tiny lookup task (tests): call lookup[], then answer[value].")
 
 
 _RNG = random.Random(0)
 
 
-def protocol_only_action(messages: list[Message]) -> str:
-    """A scripted demonstrator that knows the protocol but not the answer: it calls the tool, then
-    answers a random value (it ignores the tool's observation). Imitating it teaches the format and
-    the first move; using the observation is left for RL to learn."""
-    if not any(m["role"] == "assistant" for m in messages):
-        return "lookup[]"
-    return f"answer[{_RNG.choice(VALUES)}]"
+def gullible_demonstrator(messages: list[Message]) -> str:
+    """A scripted demonstrator that reads tool results well but mostly asks the wrong tool: it calls
+    ``rumor`` (a random value) with probability 0.7 and ``lookup`` (the true value) otherwise, then
+    answers with whatever the tool returned. Imitating it teaches the format and how to use a
+    tool's observation; *which* tool to call (credit assigned from the final reward back to the
+    first move) is left for RL."""
+    last = messages[-1]
+    if last["role"] == "tool" and last["content"].startswith("value["):
+        return f"answer[{last['content'][len('value['):-1]}]"
+    return "rumor[]" if _RNG.random() < 0.7 else "lookup[]"
 
 
 def corpus() -> list[str]:
     out = [SYSTEM, "unknown key", "correct", "wrong"]
     for k in KEYS:
         for v in VALUES:
-            out += [f"key[{k}]", "lookup[]", f"answer[{v}]", f"value[{v}]"]
+            out += [f"key[{k}]", "lookup[]", "rumor[]", f"answer[{v}]", f"value[{v}]"]
     return out * 4
 
 
