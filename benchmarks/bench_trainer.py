@@ -1,7 +1,7 @@
 """Trainer step time and trained tokens/s on SmolLM2-135M (CPU), ours vs TRL's GRPOTrainer, same workload.
 
-Workload: 8 multi-turn sequences (~450-650 tokens each: a prompt, then 3 turns of 40 generated
-tokens each followed by 60 tool tokens), 120 trained tokens per sequence (the loss mask is 0 on
+Workload: 4 multi-turn sequences (~300-400 tokens each: a prompt of 100-200 tokens, then 2 turns of
+40 generated tokens each followed by 60 tool tokens), 80 trained tokens per sequence (the loss mask is 0 on
 prompt and tool tokens), advantages +-1. One optimizer step per iteration (GRPO loss, token-mean,
 no KL), bf16 weights, AdamW, gradient clipping at 1.0; full fine-tune and LoRA (r=16, all linear
 layers).
@@ -16,7 +16,7 @@ layers).
 
 Each side runs 1 warm-up step and ``--steps`` timed steps, alternating configurations; the median
 step time is reported. Writes ``benchmarks/results/trainer.json``.
-Run: ``python benchmarks/bench_trainer.py [--steps 3] [--trl-python .venv-trl/bin/python]``.
+Run: ``python benchmarks/bench_trainer.py [--steps 2] [--trl-python .venv-trl/bin/python]``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "trainer.json"
-N_SEQ, TURNS, GEN, TOOL = 8, 3, 40, 60
+N_SEQ, TURNS, GEN, TOOL = 4, 2, 40, 60
 
 
 def make_workload(vocab: int, seed: int = 0) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def make_workload(vocab: int, seed: int = 0) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     seqs, masks = [], []
     for _ in range(N_SEQ):
-        prompt = 150 + int(torch.randint(0, 200, (1,), generator=g))
+        prompt = 100 + int(torch.randint(0, 100, (1,), generator=g))
         ids: list[int] = torch.randint(10, vocab, (prompt,), generator=g).tolist()
         mask = [0] * prompt
         for _ in range(TURNS):
@@ -159,7 +159,7 @@ def run_trl(model_path: str, work: dict[str, Any], finetune: str, steps: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
     ap.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
@@ -206,7 +206,7 @@ def main() -> None:
             ratios[ft] = round(t["step_s_median"] / o["step_s_median"], 2)
     out = {"benchmark": "trainer", "model": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "device": "cpu",
            "threads": a.threads, "workload": {"sequences": N_SEQ, "turns": TURNS, "generated_per_turn": GEN,
-                                              "tool_tokens_per_turn": TOOL, "prompt_tokens": "150-350"},
+                                              "tool_tokens_per_turn": TOOL, "prompt_tokens": "100-200"},
            "results": rows, "speedup_vs_trl": ratios, "timed_steps": a.steps,
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
            "command": "python benchmarks/bench_trainer.py"}

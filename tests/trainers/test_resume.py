@@ -19,13 +19,13 @@ from agentgym.trainers.recipe import run_training
 HERE = Path(__file__).resolve().parent
 
 
-def _cfg(tiny_model: str, out: Path, steps: int, **run: Any) -> TrainConfig:
+def _cfg(tiny_model: str, out: Path, steps: int, dynamic: bool = False, **run: Any) -> TrainConfig:
     import tiny_lookup  # noqa: F401  (registers the env)
 
     return validate_config({
         "run": {"out_dir": str(out), "steps": steps, "seed": 3, "checkpoint_every": 1, "threads": 1, **run},
         "model": {"path": tiny_model},
-        "filter": {"dynamic_sampling": False},
+        "filter": {"dynamic_sampling": dynamic, "max_refill_rounds": 1},
         "rollout": {"env": "agentgym/TinyLookup-v0", "group_size": 4, "groups_per_step": 3, "max_tokens": 6,
                     "max_turns": 2, "sampling_seeds": True, "concurrency": 8},
         "loss": {"mini_batches": 2},  # exercises the saved mini-batch RNG
@@ -128,3 +128,13 @@ progress = false
                           f"run.steps={done + 1}"], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == list(range(done + 1))
+
+
+def test_a_batch_where_every_group_was_filtered(tiny_model: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # the untrained model never succeeds: every group has zero variance and dynamic sampling drops it
+    res = run_training(_cfg(tiny_model, tmp_path, 2, dynamic=True))
+    assert res["steps"] == 2
+    rows = _curve(tmp_path)
+    assert all(r["train/skipped"] == "all groups filtered" and r["version"] == 0 for r in rows)
+    assert "every group was filtered" in capsys.readouterr().err

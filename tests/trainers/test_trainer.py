@@ -106,7 +106,7 @@ def test_lora_publishes_merged_adapted_modules_only(tiny_model: str, tiny_tokeni
     tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-2), adapter="policy")
     assert all("lora_" in n for n, _ in tr.params)
     tr.train_on(_samples(tiny_tokenizer))
-    pol = HFPolicy(tiny_model)
+    pol = HFPolicy(tiny_model, dtype="float32")
     pub = WeightPublisher(model, "policy", dtype=torch.float32, mode="full")
     info = pub.publish([pol], 1)
     assert info["tensors"] == 4  # q_proj and v_proj of 2 layers
