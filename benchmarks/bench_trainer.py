@@ -122,6 +122,7 @@ def run_trl(model_path: str, work: dict[str, Any], finetune: str, steps: int) ->
         model = trainer.model
         model.train()
         trainer.create_optimizer()
+        trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which we do not run
         opt = trainer.optimizer
         # split each sequence at its first trained token: prompt (left-padded) + completion (right-padded)
         prompts, comps, cmask = [], [], []
@@ -139,7 +140,7 @@ def run_trl(model_path: str, work: dict[str, Any], finetune: str, steps: int) ->
         tool_mask = torch.tensor([m + [0] * (C - len(m)) for m in cmask])
         inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                   "completion_mask": completion_mask, "tool_mask": tool_mask,
-                  "advantages": torch.tensor(work["advantages"]), "num_items_in_batch": int(tool_mask.sum())}
+                  "advantages": torch.tensor(work["advantages"]), "num_items_in_batch": tool_mask.sum().float()}
         params = [p for p in model.parameters() if p.requires_grad]
         times = []
         for i in range(steps + 1):

@@ -70,17 +70,24 @@ def token_logprobs(model: Any, mb: MicroBatch, *, entropy: bool = False,
         model is in grad mode; ``entropy`` ``[B, W-1]`` (0 off the target mask; with grad only if
         ``entropy_grad``) or ``None``.
     """
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1, :].float()  # [B, W-1, V]
-    targets = mb.input_ids[:, 1:].unsqueeze(-1)  # [B, W-1, 1]
-    logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, W-1]
+    b, w = mb.input_ids.shape
+    keep = (mb.target_mask.sum(0) > 0).nonzero().reshape(-1)  # [K] positions some row trains on
+    if keep.numel() == 0:
+        keep = torch.arange(w - 1, device=mb.input_ids.device)
+    # the LM head (and the fp32 log-softmax over the vocabulary) runs only where a target is trained:
+    # prompt and tool tokens never pay for it
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep)
+    logits = out.logits.float()  # [B, K, V]
+    targets = mb.input_ids[:, keep + 1].unsqueeze(-1)  # [B, K, 1]
+    kept = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, K]
+    logp = torch.zeros((b, w - 1), dtype=kept.dtype, device=kept.device).index_copy(1, keep, kept)  # [B, W-1]
     ent = None
     if entropy or entropy_grad:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            sel = mb.target_mask > 0  # [B, W-1]
+            sel = mb.target_mask[:, keep] > 0  # [B, K]
             z = logits[sel] if entropy_grad else logits.detach()[sel]  # [N, V]
             p = torch.softmax(z, dim=-1)
             h = torch.logsumexp(z, dim=-1) - (p * z).sum(-1)  # [N]
-            ent = torch.zeros_like(logp, requires_grad=False).masked_scatter(sel, h) if sel.any() else \
-                torch.zeros_like(logp)
+            ek = torch.zeros_like(kept).masked_scatter(sel, h)  # [B, K]
+            ent = torch.zeros((b, w - 1), dtype=ek.dtype, device=ek.device).index_copy(1, keep, ek)
     return logp, ent
