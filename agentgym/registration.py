@@ -110,6 +110,8 @@ _BUILTINS: list[dict[str, Any]] = [
          max_episode_steps=10, description="Write, run and submit Python in a sandbox (HumanEval and more)."),
     dict(env_id="agentgym/Bash-v0", entry_point="agentgym.envs.code.bash:BashEnv", family="code",
          max_episode_steps=15, description="AgentBench-OS-style shell tasks in a sandbox."),
+    dict(env_id="agentgym/Remote-v0", entry_point="agentgym.serve.client:RemoteEnv", family="remote",
+         requires="url=", description="An env served by `agentgym serve` or any OpenEnv server; needs url=."),
 ]
 
 
