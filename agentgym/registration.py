@@ -189,10 +189,11 @@ def spec(env_id: str) -> EnvSpec:
     return gymnasium.spec(_resolve_id(env_id))
 
 
-def make(env_id: str, **kwargs: Any) -> gymnasium.Env[Any, Any]:
+def make(env_id: str, /, **kwargs: Any) -> gymnasium.Env[Any, Any]:
     """``gymnasium.make`` with a did-you-mean for unknown ids.
 
-    ``max_episode_steps`` may be passed to override the registered turn limit.
+    ``max_episode_steps`` may be passed to override the registered turn limit. ``env_id`` is
+    positional-only, so an env's own ``env_id`` kwarg (``agentgym/Remote-v0``) passes through.
     """
     return gymnasium.make(_resolve_id(env_id), **kwargs)
 

@@ -164,7 +164,7 @@ class RemoteEnv(AgentEnv):
 
             host = urllib.parse.urlsplit(self.url).hostname or ""
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
-                                      headers=self._headers(), trust_env=not is_loopback(host),
+                                      headers=self._headers(), trust_env=not is_loopback(host), verify=_ssl_context(),
                                       limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
         return self._http
 
@@ -517,9 +517,13 @@ class RemoteEnv(AgentEnv):
                                                      "request_id": request_id}, idempotent=True)
         except _Gone as e:
             self._state = "done"
+            if self.pool is not None:
+                self.pool.mark_dead(self.url, str(e))
             raise EnvServerError(f"env server {self.base}: the session was lost mid-episode ({e})") from None
-        except EnvServerError:
+        except EnvServerError as e:
             self._state = "done"
+            if self.pool is not None and e.status is None:  # unreachable: skip it for the next envs
+                self.pool.mark_dead(self.url, str(e))
             raise
 
     def _step_openenv(self, action: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -639,6 +643,20 @@ def _spec_toolset(specs: list[ToolSpec]) -> ToolSet:
         out.add(Tool(f["name"], f.get("description", ""), _remote, pydantic.BaseModel, params,
                      param_names=list((params.get("properties") or {}).keys())))
     return out
+
+
+_SSL: list[Any] = []
+_SSL_LOCK = threading.Lock()
+
+
+def _ssl_context() -> Any:
+    """One TLS context for every client: building one costs ~50 ms, and each RemoteEnv has a client."""
+    with _SSL_LOCK:
+        if not _SSL:
+            import httpx
+
+            _SSL.append(httpx.create_ssl_context())
+        return _SSL[0]
 
 
 def _tool_text(obs: dict[str, Any]) -> str:

@@ -217,7 +217,9 @@ class Service:
 
     # ---------------------------------------------------------------------------------- env specs
     def _make(self, env_id: str, kwargs: dict[str, Any] | None = None) -> Any:
-        return agentgym.make(env_id, **{**self.config.env_kwargs, **(kwargs or {})})
+        # gymnasium's passive checker is a development aid; it also breaks an env whose first reset
+        # raised (TaskNotFound), which a server must survive
+        return agentgym.make(env_id, disable_env_checker=True, **{**self.config.env_kwargs, **(kwargs or {})})
 
     def _spec(self, env_id: str) -> dict[str, Any]:
         """What a client needs before its first reset, read from one probe instance of the env."""
@@ -437,7 +439,7 @@ class Service:
         o: dict[str, Any] = {"messages": obs, "info": info, "terminated": bool(terminated),
                              "truncated": bool(truncated)}
         if tool_name is not None:
-            o.update(call_tool_fields(tool_name, obs, before, s.metrics))
+            o.update(call_tool_fields(tool_name, obs, info, before, s.metrics))
         return {"observation": o, "reward": float(reward), "done": bool(terminated or truncated)}
 
     def _oversized(self, s: Session, size: int) -> dict[str, Any]:
@@ -467,13 +469,13 @@ class Service:
             return {"action": await self.env_call(s, _act)}
 
 
-def call_tool_fields(tool_name: str, messages: list[Any], before: dict[str, Any],
+def call_tool_fields(tool_name: str, messages: list[Any], info: dict[str, Any], before: dict[str, Any],
                      after: dict[str, Any]) -> dict[str, Any]:
     """OpenEnv's CallToolObservation fields for a step that ran one tool call.
 
     ``result`` is an MCP CallToolResult; ``error`` is set (as OpenEnv's MCPEnvironment does) when the
-    call failed: unknown tool, bad arguments, timeout or an exception in the tool (read from the
-    metrics the step reported).
+    call failed: unknown tool, bad arguments, timeout or an exception in the tool (read from
+    ``info["parse_error"]`` and the metrics the step reported).
     """
     text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
 
@@ -481,12 +483,13 @@ def call_tool_fields(tool_name: str, messages: list[Any], before: dict[str, Any]
         return float(after.get(key, 0) or 0) > float(before.get(key, 0) or 0)
 
     error = None
+    perr = str(info.get("parse_error") or "")
+    if perr:
+        error = {"error_type": "tool_not_found" if "unknown tool" in perr else "invalid_args", "message": text[:2000]}
     for key, etype in (("tool_unknown_tool", "tool_not_found"), ("tool_bad_arguments", "invalid_args"),
-                       ("tool_timeout", "timeout"), ("tool_exception", "execution_error"),
-                       ("parse_errors", "invalid_args")):
-        if grew(key):
+                       ("tool_timeout", "timeout"), ("tool_exception", "execution_error")):
+        if error is None and grew(key):
             error = {"error_type": etype, "message": text[:2000]}
-            break
     result = {"content": [{"type": "text", "text": text}], "structured_content": {"result": text}, "data": text,
               "is_error": error is not None}
     return {"tool_name": tool_name, "result": result, "error": error}

@@ -1,9 +1,9 @@
 """OpenEnv servers built with the real ``openenv-core``, for the interop tests (run as a script).
 
-``python openenv_apps.py PORT ECHO_DIR`` serves, with ``openenv-core``'s own ``create_app``:
+``python openenv_apps.py PORT DIR`` serves, with ``openenv-core``'s own ``create_app``:
 
 * ``/echo``: the echo env that ``openenv init echo_env`` generates from the package's template
-  (``ECHO_DIR`` holds it), a plain (non-MCP) action ``{"message": str}``;
+  (into ``DIR``), a plain (non-MCP) action ``{"message": str}``;
 * ``/mcp_echo``: an ``MCPEnvironment`` with FastMCP tools ``echo_message`` and ``echo_with_length``,
   shaped like OpenEnv's ``echo_env``;
 * ``/coding``: a coding env shaped like OpenEnv's ``coding_env`` (``{"code": str}`` ->
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastmcp import FastMCP
@@ -119,6 +120,10 @@ class CodingEnvironment(Environment):
 
 
 def build_app(echo_dir: str) -> Starlette:
+    if not (Path(echo_dir) / "echo_env").exists():  # `openenv init echo_env`, in this process
+        from openenv.cli.commands.init import init
+
+        init(env_name="echo_env", output_dir=echo_dir)
     sys.path.insert(0, echo_dir)
     from echo_env.models import EchoAction, EchoObservation
     from echo_env.server.echo_env_environment import EchoEnvironment
