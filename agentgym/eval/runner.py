@@ -75,8 +75,8 @@ class EvalConfig:
         retry_errors: On resume, rerun episodes that ended with an error.
         policy_spec: The spec string the policy came from (recorded only).
         sampling_seeds: Give every turn a sampling seed derived from (seed, task, sample, turn), so a
-            rerun reproduces the run where the backend honours seeds. (HFPolicy runs seeded rows one
-            at a time; turn this off for throughput.)
+            rerun reproduces the run where the backend honours seeds (HFPolicy draws each seeded row
+            from its own generator inside the running batch; vLLM honours per-request seeds).
         batch_requests: Coalesce concurrent turns into batched policy calls
             (:func:`~agentgym.rollout.batching.micro_batch`).
     """
