@@ -84,7 +84,7 @@ class RemoteEnv(AgentEnv):
 
     def __init__(
         self,
-        url: str | Sequence[str],
+        url: str | Sequence[str] | None = None,
         env_id: str | None = None,
         *,
         token: str | None = None,
@@ -106,7 +106,7 @@ class RemoteEnv(AgentEnv):
             raise ConfigurationError(f"transport must be 'auto', 'http' or 'ws', got {transport!r}.")
         from agentgym.serve.pool import RemotePool
 
-        urls = [u.strip() for u in (url.split(",") if isinstance(url, str) else url) if u and u.strip()]
+        urls = [u.strip() for u in (url.split(",") if isinstance(url, str) else url or ()) if u and u.strip()]
         if not urls:
             raise ConfigurationError("RemoteEnv needs url= (http://host:port of `agentgym serve` or an OpenEnv server).")
         for u in urls:
