@@ -12,7 +12,8 @@ Output directory:
   again unless ``retry_errors=False``); the last record of an episode wins.
 * ``summary.json``: per env and overall: success rate and mean reward with 95% CI over seeds,
   unbiased pass@k, turns, tokens, parse errors, truncation reasons, timings, success by task type
-  and by number of turns, and the full protocol (env and policy versions, template, parser,
+  and by number of turns, the tasks each env loaded, skipped (with reasons) and evaluated, and
+  the full protocol (env and policy versions, template, parser,
   history mode, limits, sampling, seeds). Rewritten at the end and when interrupted
   (``"complete": false``).
 * ``run.json``: the protocol fingerprint used to refuse resuming with different settings.
@@ -21,6 +22,7 @@ Output directory:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import platform
 import sys
@@ -79,6 +81,8 @@ class EvalConfig:
             from its own generator inside the running batch; vLLM honours per-request seeds).
         batch_requests: Coalesce concurrent turns into batched policy calls
             (:func:`~agentgym.rollout.batching.micro_batch`).
+        env_workers: ``"thread"`` or ``"process"`` (each env in its own process; a step that
+            overruns ``env_timeout_s`` is killed with it).
     """
 
     envs: list[str]
@@ -101,6 +105,7 @@ class EvalConfig:
     policy_spec: str | None = None
     policy_timeout_s: float = 600.0
     env_timeout_s: float = 300.0
+    env_workers: str = "thread"
     sampling_seeds: bool = True
     batch_requests: bool = True
     split_overrides: dict[str, str] = field(default_factory=dict)
@@ -126,6 +131,8 @@ class EvalConfig:
             raise ConfigurationError(f"--top-p must be in (0, 1], got {self.top_p}.")
         if self.concurrency < 1:
             raise ConfigurationError(f"--concurrency must be >= 1, got {self.concurrency}.")
+        if self.env_workers not in ("thread", "process"):
+            raise ConfigurationError(f"env_workers must be 'thread' or 'process', got {self.env_workers!r}.")
         if self.history_window is not None and self.history_window < 0:
             raise ConfigurationError("--history must be 'full' or a non-negative number of turns.")
         if self.parser is not None:
@@ -146,7 +153,7 @@ class EvalConfig:
     def fingerprint(self) -> dict[str, Any]:
         """Settings that must match to resume into the same directory."""
         d = asdict(self)
-        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s",
+        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s", "env_workers",
                   "batch_requests"):
             d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
         return d
@@ -213,6 +220,18 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
+def _load_report(env: Any, split: str, evaluated: int) -> dict[str, Any] | None:
+    """The env's own account of loaded and skipped tasks (``AgentEnv.load_report``, read through
+    wrappers like ``tasks``), plus how many of them this run evaluates."""
+    try:
+        fn = env.get_wrapper_attr("load_report")
+    except AttributeError:
+        return None
+    report = dict(fn(split))
+    report["evaluated"] = evaluated
+    return report
+
+
 def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int,
                   reset_info: dict[str, Any]) -> dict[str, Any]:
     from agentgym.registration import env_entry
@@ -260,8 +279,8 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         raise ConfigurationError(f"an env is listed twice: {config.envs}.")
     _check_resume(out, config)
     t_start = time.monotonic()
-    runtime = RolloutRuntime(max_concurrency=config.concurrency,
-                             env_factory=lambda eid: _make_env(eid, config))
+    runtime = RolloutRuntime(max_concurrency=config.concurrency, env_factory=functools.partial(_make_env, config=config),
+                             env_workers=config.env_workers)  # type: ignore[arg-type]
     protocol: dict[str, Any] = {}
     try:
         envs_proto: dict[str, Any] = {}
@@ -281,6 +300,8 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
                 _, info = await runtime.call(env.reset, seed=0, options={"task_id": chosen[0].task_id},
                                              timeout=config.env_timeout_s)
                 envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool), dict(info))
+                envs_proto[env_id]["tasks"] = await runtime.call(_load_report, env, split, len(chosen),
+                                                                 timeout=config.env_timeout_s)
                 plan += [(env_id, i, t) for i, t in enumerate(chosen)]
         protocol = _protocol(policy, config, envs_proto)
         (out / RUN_FILE).write_text(json.dumps({"fingerprint": config.fingerprint(), "protocol": protocol},
@@ -490,6 +511,8 @@ def summarize(trajectories: Any, config: EvalConfig, protocol: dict[str, Any],
     for t in trajs:
         envs[t.env_id].append(t)
     per_env = {e: _block(ts, config.seeds, config.samples) for e, ts in sorted(envs.items())}
+    for e, b in per_env.items():  # loaded / skipped / evaluated task counts, as the env reported them
+        b["tasks"] = protocol.get("envs", {}).get(e, {}).get("tasks")
     overall = _block(trajs, config.seeds, config.samples) if trajs else {}
     means = [b["success"]["mean"] for b in per_env.values() if b["success"]["mean"] is not None]
     if overall:
