@@ -189,6 +189,9 @@ class RemoteEnv(AgentEnv):
                 tried.append(url)
                 last = e
                 continue
+            except BaseException:  # a configuration error (wrong env id, token): nothing stays open
+                self._drop_transport()
+                raise
             if self.pool is not None:
                 self.pool.acquire(url)
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
@@ -22,8 +23,11 @@ from agentgym.serve.server import EnvServer, ServeConfig
 DEMO = "agentgym/Demo-v0"
 
 
-def _Client() -> httpx.Client:
-    return httpx.Client(timeout=30)
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    """One keep-alive client per test (stands in for the httpx module), closed afterwards."""
+    with httpx.Client(timeout=30) as c:
+        yield c
 
 
 def play_expert(env: Any, seed: int, task_id: str | None = None) -> list[Any]:
@@ -97,9 +101,9 @@ def test_bad_agent_output_stays_an_observation(demo_server: EnvServer) -> None:
     env.close()
 
 
-def test_openenv_shapes_and_mcp(demo_server: EnvServer) -> None:
+def test_openenv_shapes_and_mcp(demo_server: EnvServer, client: httpx.Client) -> None:
     url = demo_server.url
-    httpx = _Client()
+    httpx = client
     schema = httpx.get(url + "/schema").json()
     assert set(schema) == {"action", "observation", "state"}
     assert schema["action"] == AgentAction.model_json_schema()
@@ -138,9 +142,9 @@ def test_openenv_shapes_and_mcp(demo_server: EnvServer) -> None:
     httpx.delete(url + f"/agentgym/sessions/{sid}")
 
 
-def test_bad_requests_get_structured_errors_without_tracebacks(demo_server: EnvServer) -> None:
+def test_bad_requests_get_structured_errors_without_tracebacks(demo_server: EnvServer, client: httpx.Client) -> None:
     url = demo_server.url
-    httpx = _Client()
+    httpx = client
     cases = [
         (httpx.post(url + "/step", content=b"{not json", headers={"content-type": "application/json"}), 400, "BadRequest"),
         (httpx.post(url + "/step", json=[1, 2]), 400, "BadRequest"),
@@ -163,9 +167,9 @@ def test_bad_requests_get_structured_errors_without_tracebacks(demo_server: EnvS
     env.close()
 
 
-def test_step_retry_with_same_request_id_is_applied_once(demo_server: EnvServer) -> None:
+def test_step_retry_with_same_request_id_is_applied_once(demo_server: EnvServer, client: httpx.Client) -> None:
     url = demo_server.url
-    httpx = _Client()
+    httpx = client
     sid = httpx.post(url + "/agentgym/sessions", json={}).json()["session_id"]
     httpx.post(url + "/reset", json={"session_id": sid, "task_id": "guess-31"})
     body = {"session_id": sid, "request_id": "r-1", "action": {"message": '<tool_call>{"name": "guess", "arguments": {"n": 10}}</tool_call>'}}
@@ -263,9 +267,9 @@ def test_websocket_protocol_errors_keep_the_connection(demo_server: EnvServer) -
     assert len(demo_server.service.sessions) == n - 1  # the connection's session is gone
 
 
-def test_client_that_vanishes_mid_request(demo_server: EnvServer) -> None:
+def test_client_that_vanishes_mid_request(demo_server: EnvServer, client: httpx.Client) -> None:
     url = demo_server.url
-    httpx = _Client()
+    httpx = client
     sid = httpx.post(url + "/agentgym/sessions", json={}).json()["session_id"]
     httpx.post(url + "/reset", json={"session_id": sid, "task_id": "guess-31"})
     body = json.dumps({"session_id": sid, "request_id": "gone-1",
