@@ -50,7 +50,11 @@ _CODE_FIELDS = ("code", "source", "program", "script")
 
 
 class _Gone(Exception):
-    """The transport failed in a way that may succeed on a new session (or another server)."""
+    """The session is gone; a new one (on this server, or another if ``dead``) may succeed."""
+
+    def __init__(self, message: str, dead: bool = True) -> None:
+        super().__init__(message)
+        self.dead = dead
 
 
 class RemoteEnv(AgentEnv):
@@ -263,12 +267,13 @@ class RemoteEnv(AgentEnv):
             self._http = None
         self.session_id = None
 
-    def _reconnect(self, why: str) -> None:
-        """A new session, on this server or (with a pool) another live one."""
+    def _reconnect(self, why: str, dead: bool = True) -> None:
+        """A new session: on this server, or (with a pool, if this one is ``dead``) another live one."""
         log.info("RemoteEnv: reconnecting (%s)", why)
         if self.pool is not None:
             self.pool.release(self.url)
-            self.pool.mark_dead(self.url, why)
+            if dead:
+                self.pool.mark_dead(self.url, why)
         self._connect()
 
     # ================================================================================ HTTP
@@ -414,7 +419,7 @@ class RemoteEnv(AgentEnv):
         try:
             return fn()
         except _Gone as e:
-            self._reconnect(str(e))
+            self._reconnect(str(e), e.dead)
             try:
                 return fn()
             except _Gone as e2:
@@ -450,7 +455,9 @@ class RemoteEnv(AgentEnv):
             try:
                 return self._http_call("POST", "/reset", {**body, "session_id": self.session_id}, idempotent=True)  # type: ignore[no-any-return]
             except EnvServerError as e:
-                if e.status == 404 or e.status is None or e.retryable:  # expired session, or dead server: start over
+                if e.status == 404:  # the session expired (or the server restarted): a new one
+                    raise _Gone(str(e), dead=False) from None
+                if e.status is None or e.retryable:  # unreachable or full: another server, if any
                     raise _Gone(str(e)) from None
                 raise
 
