@@ -18,6 +18,7 @@ nodes custom resources (``--resources '{"node2": 1}'``) and place a service with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,10 +115,8 @@ class RayService:
         return bool(await self._call("cancel", ticket_id, attempt))
 
     async def stop(self) -> None:
-        try:
+        with contextlib.suppress(ServiceDead):
             await self._call("stop", timeout=30)
-        except ServiceDead:
-            pass
         _ray().kill(self.actor, no_restart=True)
 
 
@@ -264,12 +263,8 @@ class RayRuntime:
 
     async def stop(self) -> None:
         ray = _ray()
-        try:
+        with contextlib.suppress(Exception):  # the flow actor may already be gone
             await asyncio.wait_for(self.flow.stop.remote(), 60)
-        except Exception:  # the flow actor may already be gone
-            pass
         for actor in [self.flow, *self.actors.values()]:
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
