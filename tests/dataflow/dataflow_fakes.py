@@ -11,6 +11,7 @@ from typing import Any
 from rollout_fakes import SUBMIT, FakePolicy, counter_action, messages_of
 
 from agentgym.dataflow.service import LocalService, RolloutService
+from agentgym.errors import WeightSyncError
 from agentgym.policy import Capabilities, Generation, GenRequest
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
 
@@ -43,7 +44,7 @@ class CoinPolicy(FakePolicy):
 
     def update_weights(self, update: Any, version: int) -> list[str]:
         if version <= self.weight_version:
-            raise ValueError(f"version {version} not newer than {self.weight_version}")
+            raise WeightSyncError(f"version {version} not newer than {self.weight_version}")
         self.weight_version = version
         self.updates.append(version)
         return []
@@ -54,3 +55,10 @@ def make_service(name: str, group_size: int = 4, max_groups: int = 4, p_fail: fl
     pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency)
     wf = MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))
     return LocalService(RolloutService(name, {"default": wf}, max_groups=max_groups, max_concurrency=16))
+
+
+def coin_workflows(group_size: int = 4, p_fail: float = 0.5, latency: float = 0.01,
+                   policy_id: str = "policy") -> dict[str, MultiTurnWorkflow]:
+    """A service's workflows (a picklable factory for ServiceSpec: it runs where the service runs)."""
+    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency)
+    return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))}
