@@ -233,10 +233,10 @@ class VLLMPolicy(PolicyLifecycle):
             raise
 
     # ----------------------------------------------------------------- weights
-    def state_dict(self) -> dict[str, Any]:
-        """A copy of the served weights (checkpoint names), read from the worker's master copy."""
+    def state_dict(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """A copy of the served weights (all, or ``names``; checkpoint names), read from the worker's master copy."""
         self._check_open()
-        (blob,) = self._run(self.engine.collective_rpc("agentgym_state"), timeout=600)
+        (blob,) = self._run(self.engine.collective_rpc("agentgym_state", args=(None if names is None else list(names),)), timeout=600)
         return dict(decode_payload(blob)[0])
 
     def weight_checksums(self, names: Sequence[str] | None = None) -> dict[str, int]:

@@ -76,8 +76,11 @@ def crc32_of(t: Any) -> int:
 
 
 def _payload_crc(idx: Any, val: Any) -> int:
+    """CRC-32 of a delta's indices (as int64, whatever they travelled as) and values (as stored)."""
+    import torch
+
     return zlib.crc32(memoryview(val.contiguous().view(-1).view(_int_view(val)).numpy()),
-                      zlib.crc32(memoryview(idx.contiguous().numpy()))) & 0xFFFFFFFF
+                      zlib.crc32(memoryview(idx.reshape(-1).to(torch.int64).contiguous().numpy()))) & 0xFFFFFFFF
 
 
 def _int_view(t: Any) -> Any:
@@ -309,13 +312,16 @@ class VLLMServerTarget:
         base_url: The server's root or its ``/v1`` URL.
         policy: An OpenAIPolicy reading from this server (optional).
         timeout_s: Per-call deadline.
+        chunk_bytes: Largest tensor payload per ``/collective_rpc`` call (a publish is several calls
+            inside one pause; vLLM's HTTP server resets connections on bodies of hundreds of MB).
     """
 
     supports_lora = False  # runtime LoRA loading needs a shared filesystem; merged deltas work anywhere
 
-    def __init__(self, base_url: str, policy: Any = None, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, policy: Any = None, timeout_s: float = 600.0, chunk_bytes: int = 32 << 20) -> None:
         import httpx
 
+        self.chunk_bytes = chunk_bytes
         root = base_url.rstrip("/")
         self.root = root[:-3] if root.endswith("/v1") else root
         self.policy = policy
@@ -351,13 +357,29 @@ class VLLMServerTarget:
             return None
 
     def apply(self, update: Any, version: int, nbytes: int) -> list[str]:
-        if not isinstance(update, bytes | bytearray):
-            raise WeightSyncError("VLLMServerTarget takes encoded payloads only")
+        """Send ``{"full", "indices", "values", "checks"}`` in chunks of at most ``chunk_bytes``."""
+        full, idx, val = dict(update.get("full") or {}), dict(update["indices"]), dict(update["values"])
+        checks = update.get("checks") or {}
+        chunks: list[tuple[dict[str, Any], dict[str, Any]]] = [({}, {})]
+        size = 0
+        for name in [*full, *idx]:
+            n = full[name].numel() * full[name].element_size() if name in full else (
+                idx[name].numel() * idx[name].element_size() + val[name].numel() * val[name].element_size())
+            if size and size + n > self.chunk_bytes:
+                chunks.append(({}, {}))
+                size = 0
+            chunks[-1][0 if name in full else 1][name] = None
+            size += n
         self.client.post("/pause", params={"mode": "wait"}).raise_for_status()
+        changed: list[str] = []
         try:
-            (result,) = self._rpc("agentgym_update", "b64:" + base64.b64encode(update).decode())
-            if isinstance(result, str):  # the worker raised: vLLM returns the error text
-                raise WeightSyncError(f"{self.root} refused the update: {result}")
+            for cf, cd in chunks:
+                sub_checks = {kind: {k: v for k, v in (checks.get(kind) or {}).items() if k in cd} for kind in ("base", "payload")}
+                blob = encode_payload({k: full[k] for k in cf}, {k: idx[k] for k in cd}, {k: val[k] for k in cd}, sub_checks)
+                (result,) = self._rpc("agentgym_update", "b64:" + base64.b64encode(blob).decode())
+                if not isinstance(result, dict):
+                    raise WeightSyncError(f"{self.root} refused the update: {result}")
+                changed += list(result.get("changed", []))
             self.client.post("/reset_prefix_cache")
             self.client.post("/update_weight_version", json={"new_version": str(version)}).raise_for_status()
         finally:
@@ -365,7 +387,7 @@ class VLLMServerTarget:
         self.served_version = version
         if self.policy is not None:
             self.policy.weight_version = version
-        return list(result.get("changed", []))
+        return changed
 
     def checksums(self, names: list[str]) -> dict[str, int] | None:
         (crc,) = self._rpc("agentgym_crc32_json", json.dumps(names))
@@ -501,9 +523,7 @@ class WeightSync:
         report = SyncReport(version, "full", reason, bytes_sent=nbytes, bytes_full=nbytes,
                             elements=sum(t.numel() for t in state.values()))
         report.changed = report.elements
-        t = time.perf_counter()
-        update: Any = encode_payload(state, {}, {}) if isinstance(self.target, VLLMServerTarget) else dict(state)
-        report.encode_s = time.perf_counter() - t
+        update: Any = {"indices": {}, "values": {}, "full": dict(state)}
         report.changed_tensors = self._send(update, version, nbytes, report)
         if self.shadow is None:
             self.shadow = {k: v.clone() for k, v in state.items()}
@@ -539,18 +559,15 @@ class WeightSync:
         if self.verify:
             checks = {"base": {k: crc32_of(self.shadow[k]) for k in idx},
                       "payload": {k: _payload_crc(idx[k], val[k]) for k in idx}}
+        update: Any = {"indices": idx, "values": val, "checks": checks, "full": full}
         nbytes = sum(t.numel() * t.element_size() for t in full.values()) + sum(
             idx[k].numel() * idx[k].element_size() + val[k].numel() * val[k].element_size() for k in idx)
         report = SyncReport(version, "delta", bytes_sent=nbytes, bytes_full=bytes_full, elements=elements, changed=changed)
-        if isinstance(self.target, VLLMServerTarget):
-            update: Any = encode_payload(full, idx, val, checks)
-        else:
-            update = {"indices": idx, "values": val, "checks": checks, "full": full}
         report.encode_s = time.perf_counter() - t
         try:
             report.changed_tensors = self._send(update, version, nbytes, report)
         except WeightSyncError as e:
-            if "checksum mismatch" not in str(e):
+            if "checksum mismatch" not in str(e) and not isinstance(self.target, VLLMServerTarget):
                 raise
             full_report = self._publish_full(state, version, "checksum_mismatch")
             full_report.link_s += report.link_s
