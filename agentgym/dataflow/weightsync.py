@@ -377,7 +377,7 @@ class VLLMServerTarget:
                 sub_checks = {kind: {k: v for k, v in (checks.get(kind) or {}).items() if k in cd} for kind in ("base", "payload")}
                 blob = encode_payload({k: full[k] for k in cf}, {k: idx[k] for k in cd}, {k: val[k] for k in cd}, sub_checks)
                 (result,) = self._rpc("agentgym_update", "b64:" + base64.b64encode(blob).decode())
-                if not isinstance(result, dict):
+                if not isinstance(result, dict) or "error" in result:
                     raise WeightSyncError(f"{self.root} refused the update: {result}")
                 changed += list(result.get("changed", []))
             self.client.post("/reset_prefix_cache")
