@@ -76,10 +76,14 @@ class DependencyNotInstalled(ConfigurationError, ImportError):
     def __init__(self, feature: str, package: str, extra: str = "") -> None:
         self.feature = feature
         self.package = package
+        self.extra = extra
         msg = f"{feature} needs {package}, which is not installed. Install it with: pip install {package}"
         if extra:
             msg += f". {extra}"
         super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:  # pickles (envs in processes) with the same message
+        return (type(self), (self.feature, self.package, self.extra))
 
 
 class UnknownEnvError(ConfigurationError, KeyError):
@@ -96,6 +100,9 @@ class UnknownEnvError(ConfigurationError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.env_id, self.suggestions))
 
 
 class ValidationError(ConfigurationError):

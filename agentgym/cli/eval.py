@@ -243,8 +243,8 @@ def register(app: typer.Typer) -> None:
         retry_errors: Annotated[bool, typer.Option("--retry-errors/--no-retry-errors",
                                                    help="On resume, rerun episodes that ended with an error.")] = True,
         sampling_seeds: Annotated[bool, typer.Option("--sampling-seeds/--no-sampling-seeds",
-                                                     help="Seed every turn's sampling (reproducible; HF then "
-                                                     "runs rows one at a time).")] = True,
+                                                     help="Seed every turn's sampling (reproducible where the "
+                                                     "backend honours seeds).")] = True,
         batch_requests: Annotated[bool, typer.Option("--batch-requests/--no-batch-requests",
                                                      help="Coalesce concurrent turns into batched policy calls.")] = True,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,

@@ -21,6 +21,7 @@ Output directory:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import platform
 import sys
@@ -75,10 +76,12 @@ class EvalConfig:
         retry_errors: On resume, rerun episodes that ended with an error.
         policy_spec: The spec string the policy came from (recorded only).
         sampling_seeds: Give every turn a sampling seed derived from (seed, task, sample, turn), so a
-            rerun reproduces the run where the backend honours seeds. (HFPolicy runs seeded rows one
-            at a time; turn this off for throughput.)
+            rerun reproduces the run where the backend honours seeds (HFPolicy draws each seeded row
+            from its own generator inside the running batch; vLLM honours per-request seeds).
         batch_requests: Coalesce concurrent turns into batched policy calls
             (:func:`~agentgym.rollout.batching.micro_batch`).
+        env_workers: ``"thread"`` or ``"process"`` (each env in its own process; a step that
+            overruns ``env_timeout_s`` is killed with it).
     """
 
     envs: list[str]
@@ -101,6 +104,7 @@ class EvalConfig:
     policy_spec: str | None = None
     policy_timeout_s: float = 600.0
     env_timeout_s: float = 300.0
+    env_workers: str = "thread"
     sampling_seeds: bool = True
     batch_requests: bool = True
     split_overrides: dict[str, str] = field(default_factory=dict)
@@ -126,6 +130,8 @@ class EvalConfig:
             raise ConfigurationError(f"--top-p must be in (0, 1], got {self.top_p}.")
         if self.concurrency < 1:
             raise ConfigurationError(f"--concurrency must be >= 1, got {self.concurrency}.")
+        if self.env_workers not in ("thread", "process"):
+            raise ConfigurationError(f"env_workers must be 'thread' or 'process', got {self.env_workers!r}.")
         if self.history_window is not None and self.history_window < 0:
             raise ConfigurationError("--history must be 'full' or a non-negative number of turns.")
         if self.parser is not None:
@@ -146,7 +152,7 @@ class EvalConfig:
     def fingerprint(self) -> dict[str, Any]:
         """Settings that must match to resume into the same directory."""
         d = asdict(self)
-        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s",
+        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s", "env_workers",
                   "batch_requests"):
             d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
         return d
@@ -260,8 +266,8 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         raise ConfigurationError(f"an env is listed twice: {config.envs}.")
     _check_resume(out, config)
     t_start = time.monotonic()
-    runtime = RolloutRuntime(max_concurrency=config.concurrency,
-                             env_factory=lambda eid: _make_env(eid, config))
+    runtime = RolloutRuntime(max_concurrency=config.concurrency, env_factory=functools.partial(_make_env, config=config),
+                             env_workers=config.env_workers)  # type: ignore[arg-type]
     protocol: dict[str, Any] = {}
     try:
         envs_proto: dict[str, Any] = {}

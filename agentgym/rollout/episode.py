@@ -255,7 +255,7 @@ class Conversation:
 
     async def _act(self, timeout: float | None) -> Generation:
         assert self.runtime is not None
-        action = await self.runtime.call(self.policy.act, self.env, timeout=timeout)  # type: ignore[attr-defined]
+        action = await self.runtime.call(self.policy.act, self.env, timeout=timeout, owner=self.env)  # type: ignore[attr-defined]
         if action is None:
             raise PolicyError(f"{self.policy.policy_id!r}: this env has no expert (expert_action() returned None)")
         if isinstance(action, str):

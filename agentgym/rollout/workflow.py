@@ -22,7 +22,7 @@ from agentgym.errors import ConfigurationError
 from agentgym.policy import Policy, SamplingParams
 from agentgym.rollout.episode import Episode, EpisodeSpec, TokenMode, run_episode_body
 from agentgym.rollout.gates import Gate, GateMonitor, GateRecord, GroupState
-from agentgym.rollout.runtime import RolloutLimits, RolloutRuntime
+from agentgym.rollout.runtime import EnvTimeout, RolloutLimits, RolloutRuntime
 from agentgym.types import Trajectory, TrajectoryGroup
 
 __all__ = ["GroupRequest", "MultiTurnWorkflow", "Workflow", "error_trajectory", "member_sampling_seed", "run_group"]
@@ -72,7 +72,8 @@ def error_trajectory(req: GroupRequest, group_id: str, member: int, err: BaseExc
     """A trajectory for an episode that could not even start (env construction failed...)."""
     return Trajectory(task_id=req.task_id, env_id=req.env_id, group_id=group_id, member=member,
                       error=f"{type(err).__name__}: {err}", error_source="env",
-                      info={**req.info, "seed": req.seed, "error_kind": type(err).__name__, "actions": []},
+                      info={**req.info, "seed": req.seed, "actions": [],
+                            "error_kind": "env_timeout" if isinstance(err, EnvTimeout) else type(err).__name__},
                       metrics={"turns": 0, "env_steps": 0, "generated_tokens": 0, "prompt_tokens": 0, "parse_errors": 0})
 
 
@@ -97,7 +98,7 @@ async def run_group(runtime: RolloutRuntime, request: GroupRequest, size: int, b
                            member_sampling_seed(request.sampling_seed, i), dict(request.info))
         async with runtime.slot():
             try:
-                async with runtime.env(request.env_id, timeout=limits.env_timeout_s) as env:
+                async with runtime.env(request.env_id, timeout=limits.env_start_timeout_s) as env:
                     ep = Episode(runtime, env, spec, limits, monitor)
                     traj = await ep.run(body)
                     if ep.env_broken:

@@ -232,3 +232,24 @@ class FakeTokenPolicy(FakePolicy):
 def slow_expert() -> TickPolicy:
     """For CLI subprocess tests (``--policy py:rollout_fakes:slow_expert``)."""
     return TickPolicy(latency=0.3, policy_id="slow-expert")
+
+
+def counter_env(env_id: str) -> Any:
+    """A picklable env factory for process-mode tests (the spawned child imports this module)."""
+    import agentgym
+
+    return agentgym.make(env_id)
+
+
+def hanging_counter_env(env_id: str) -> Any:
+    """Counter env whose steps hang for a minute on task ``ok-7`` (a stuck sandbox)."""
+    import agentgym
+
+    class Hanging(CounterEnv):
+        def step(self, action: Any) -> Any:
+            if self.task is not None and self.task.task_id == "ok-7":
+                time.sleep(60)
+            return super().step(action)
+
+    del agentgym
+    return Hanging()
