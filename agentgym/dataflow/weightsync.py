@@ -21,7 +21,9 @@ Ray actor holding one (:class:`PolicyActor`), or an OpenAI-compatible ``vllm ser
 (:class:`VLLMServerTarget`). ``link`` simulates a network between trainer and target
 (:class:`LinkShim`: round-trip time plus bandwidth) to measure cross-region sync.
 
-Trainers call one function: ``publish(policy_or_target, state_or_model, version)``.
+Trainers call one function: ``publish(policy_or_target, state_or_model, version)``. A trainer that
+starts from the checkpoint its targets loaded can skip the first full transfer with
+:meth:`WeightSync.assume_served` (checked by the same checksums).
 
 Wire format (:func:`encode_payload`): safetensors bytes with keys ``full/<name>``, ``idx/<name>``,
 ``val/<name>`` and metadata ``{"checks": json}``; the same bytes go to an in-process engine worker
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -69,7 +72,7 @@ def crc32_of(t: Any) -> int:
     """CRC-32 of a tensor's bytes as stored (bf16: its 16-bit patterns)."""
     import torch
 
-    flat = t.detach().contiguous().reshape(-1)
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
     if flat.dtype == torch.bfloat16:
         flat = flat.view(torch.int16)
     return zlib.crc32(memoryview(flat.numpy())) & 0xFFFFFFFF
@@ -135,6 +138,9 @@ def verify_checks(state: Mapping[str, Any], indices: Mapping[str, Any], values: 
                   checks: Mapping[str, Any]) -> None:
     """Check a delta before applying it: the payload's own CRC and the CRC of each base tensor.
 
+    A receiver that holds a tensor in another dtype than the delta's values (an fp32 policy taking
+    bf16 deltas) is compared in the values' dtype, which is what the sender's shadow holds.
+
     Raises:
         WeightSyncError: the payload was damaged, or the receiver's tensor is not the base the
             delta was computed against (the sender must fall back to a full transfer).
@@ -143,7 +149,12 @@ def verify_checks(state: Mapping[str, Any], indices: Mapping[str, Any], values: 
         if name in indices and _payload_crc(indices[name], values[name]) != int(crc):
             raise WeightSyncError(f"checksum mismatch: the delta for {name!r} was damaged in transit")
     for name, crc in (checks.get("base") or {}).items():
-        if name in state and crc32_of(state[name]) != int(crc):
+        if name not in state:
+            continue
+        base = state[name]
+        if name in values and base.dtype != values[name].dtype:  # an fp32 receiver of bf16 deltas: compare in bf16
+            base = base.to(values[name].dtype)
+        if crc32_of(base) != int(crc):
             raise WeightSyncError(f"checksum mismatch: {name!r} is not the base this delta was computed against")
 
 
@@ -220,8 +231,14 @@ class PolicyTarget:
             shapes = getattr(self.policy, "_shapes", None)
             if isinstance(shapes, Mapping):
                 self._names = dict(shapes)
-            else:
-                self._names = {k: tuple(v.shape) for k, v in self.policy.state_dict().items()}
+            else:  # tied weights (lm_head.weight = embed_tokens.weight) are one tensor: listed once
+                seen: set[tuple[int, int]] = set()
+                self._names = {}
+                for k, v in self.policy.state_dict().items():
+                    key = (v.data_ptr(), v.numel())
+                    if key not in seen:
+                        seen.add(key)
+                        self._names[k] = tuple(v.shape)
         return self._names
 
     def version(self) -> int | None:
@@ -303,7 +320,8 @@ class VLLMServerTarget:
 
     A publish drains the server (``POST /pause?mode=wait``: requests in flight finish, new ones
     queue), sends the payload to the worker (``POST /collective_rpc`` with
-    ``agentgym_update("b64:...")``), clears the prefix cache, records the version
+    ``agentgym_update("b64:...")``; a payload over ``chunk_bytes`` goes as several
+    ``agentgym_stage`` calls and one ``agentgym_commit``, validated and written as one update), clears the prefix cache, records the version
     (``POST /update_weight_version``, readable at ``GET /weight_info``) and resumes (``POST /resume``).
     If ``policy`` (an :class:`~agentgym.policies.openai.OpenAIPolicy`) is given, its
     ``weight_version`` is set once the server has confirmed.
@@ -358,6 +376,8 @@ class VLLMServerTarget:
 
     def apply(self, update: Any, version: int, nbytes: int) -> list[str]:
         """Send ``{"full", "indices", "values", "checks"}`` in chunks of at most ``chunk_bytes``."""
+        import httpx
+
         full, idx, val = dict(update.get("full") or {}), dict(update["indices"]), dict(update["values"])
         checks = update.get("checks") or {}
         chunks: list[tuple[dict[str, Any], dict[str, Any]]] = [({}, {})]
@@ -371,18 +391,33 @@ class VLLMServerTarget:
             chunks[-1][0 if name in full else 1][name] = None
             size += n
         self.client.post("/pause", params={"mode": "wait"}).raise_for_status()
-        changed: list[str] = []
+        staged = False
         try:
-            for cf, cd in chunks:
+            def blob(cf: dict[str, Any], cd: dict[str, Any]) -> str:  # encoded one chunk at a time
                 sub_checks = {kind: {k: v for k, v in (checks.get(kind) or {}).items() if k in cd} for kind in ("base", "payload")}
-                blob = encode_payload({k: full[k] for k in cf}, {k: idx[k] for k in cd}, {k: val[k] for k in cd}, sub_checks)
-                (result,) = self._rpc("agentgym_update", "b64:" + base64.b64encode(blob).decode())
-                if not isinstance(result, dict) or "error" in result:
-                    raise WeightSyncError(f"{self.root} refused the update: {result}")
-                changed += list(result.get("changed", []))
+                data = encode_payload({k: full[k] for k in cf}, {k: idx[k] for k in cd}, {k: val[k] for k in cd}, sub_checks)
+                return "b64:" + base64.b64encode(data).decode()
+
+            if len(chunks) == 1:
+                (result,) = self._rpc("agentgym_update", blob(*chunks[0]))
+            else:  # staged in the worker, validated and written as one update: all or nothing
+                staged = True
+                for cf, cd in chunks:
+                    (result,) = self._rpc("agentgym_stage", blob(cf, cd))
+                    if not isinstance(result, dict) or "error" in result:
+                        break
+                else:
+                    staged = False  # commit clears the stage, whatever it answers
+                    (result,) = self._rpc("agentgym_commit")
+            if not isinstance(result, dict) or "error" in result:
+                raise WeightSyncError(f"{self.root} refused the update: {result}")
+            changed = list(result.get("changed", []))
             self.client.post("/reset_prefix_cache")
             self.client.post("/update_weight_version", json={"new_version": str(version)}).raise_for_status()
         finally:
+            if staged:
+                with contextlib.suppress(WeightSyncError, httpx.HTTPError):
+                    self._rpc("agentgym_discard")
             self.client.post("/resume").raise_for_status()
         self.served_version = version
         if self.policy is not None:
@@ -446,8 +481,6 @@ class WeightSync:
         dtype: The dtype the target serves and deltas compare in (``"bfloat16"``).
         verify: Send base/payload checksums with each delta (the target refuses a mismatch).
         link: A :class:`LinkShim` to simulate the network to the target.
-        encode: Send deltas as encoded bytes (always for servers; for in-process targets only to
-            measure the wire size honestly: the dict form is what they apply).
     """
 
     def __init__(self, target: Any, *, dtype: str = "bfloat16", verify: bool = True, link: LinkShim | None = None) -> None:
@@ -478,6 +511,28 @@ class WeightSync:
         """:meth:`publish` in a worker thread."""
         return await asyncio.to_thread(self.publish, state_or_model, version, force_full=force_full)
 
+    def assume_served(self, state_or_model: Any, version: int | None) -> None:
+        """Take ``state_or_model`` as what the target serves now, as ``version`` (what it reports).
+
+        For a trainer and a target that started from the same checkpoint: the first publish is then a
+        delta, not a full transfer. The assumption is checked, not trusted: each delta carries the
+        CRC-32 of the base tensors it applies to, so a target that serves something else refuses it
+        and gets the full state (``reason="checksum_mismatch"``); a target that reports another
+        version gets the full state too (``"version_gap"``). ``version`` may be ``None`` for a target
+        that reports none yet (a fresh ``vllm serve`` reports ``"default"``).
+
+        Raises:
+            ConfigurationError: ``verify=False`` (the assumption could not be checked), or the state
+            does not hold every weight the target serves.
+        """
+        if not self.verify:
+            raise ConfigurationError("assume_served needs verify=True: the base checksums are what checks the assumption")
+        with self._lock:
+            self.shadow = None
+            state = self._state_of(state_or_model)
+            self.shadow = {k: v.clone() for k, v in state.items()}
+            self.base_version = version
+
     # -------------------------------------------------------------- internals
     def _state_of(self, obj: Any) -> dict[str, torch.Tensor]:
         import torch
@@ -504,9 +559,9 @@ class WeightSync:
         if self.shadow is None:
             return "first"
         served = self.target.version()
-        if self.base_version is None or served is None or served != self.base_version:
+        if served != self.base_version:  # someone else updated it, or it restarted
             return "version_gap"
-        if version != self.base_version + 1:
+        if self.base_version is not None and version != self.base_version + 1:  # the trainer skipped a version
             return "version_gap"
         return ""
 

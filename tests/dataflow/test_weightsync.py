@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentgym.errors import WeightSyncError
+from agentgym.errors import ConfigurationError, WeightSyncError
 
 torch = pytest.importorskip("torch")
 from agentgym.policies.weights import LoRAAdapter, apply_update, check_version  # noqa: E402
@@ -34,10 +34,12 @@ from agentgym.dataflow.weightsync import (  # noqa: E402
 class TinyPolicy:
     """Holds bf16 tensors and applies updates like HFPolicy does."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: Any = None) -> None:
         g = torch.Generator().manual_seed(0)
         self.state = {"m.weight": torch.randn(64, 32, generator=g).to(torch.bfloat16),
                       "v": torch.randn(32, 16, generator=g).to(torch.bfloat16)}
+        if dtype is not None:
+            self.state = {k: v.to(dtype) for k, v in self.state.items()}
         self.weight_version = 0
         self.updates: list[Any] = []
 
@@ -88,6 +90,22 @@ def test_first_full_then_sparse_delta() -> None:
     assert r3.kind == "delta" and r3.changed < r3.elements // 100 and pol.weight_version == 3
 
 
+def test_fp32_policy_takes_bf16_deltas() -> None:
+    """A policy serving fp32 (HFPolicy with dtype="float32") compares the delta's base in bf16."""
+    pol = TinyPolicy(torch.float32)
+    sync = WeightSync(pol)
+    s1 = _trainer_state(1)
+    assert sync.publish(s1, 1).kind == "full"
+    s2 = {k: v.clone() for k, v in s1.items()}
+    s2["m.weight"].view(-1)[[3, 77]] -= 1.0
+    r = sync.publish(s2, 2)
+    assert (r.kind, r.changed) == ("delta", 2) and pol.state["m.weight"].dtype == torch.float32
+    assert _served_equals(pol, s2)
+    pol.state["m.weight"][0, 0] += 1.0  # the served weights drifted: still caught
+    s2["m.weight"].view(-1)[5] += 1.0
+    assert sync.publish(s2, 3).reason == "checksum_mismatch" and _served_equals(pol, s2)
+
+
 def test_dense_tensor_goes_whole() -> None:
     pol = TinyPolicy()
     sync = WeightSync(pol)
@@ -123,6 +141,30 @@ def test_checksum_mismatch_falls_back_to_full() -> None:
     r = sync.publish(s2, 2)
     assert (r.kind, r.reason) == ("full", "checksum_mismatch")
     assert _served_equals(pol, s2) and pol.weight_version == 2  # the refused delta wrote nothing, the full fixed it
+
+
+def test_assume_served_skips_the_first_full_transfer_and_is_checked() -> None:
+    pol = TinyPolicy()
+    sync = WeightSync(pol)
+    sync.assume_served(pol.state, 0)  # the trainer starts from the checkpoint the policy loaded
+    s1 = {k: v.float().clone() for k, v in pol.state.items()}
+    s1["v"].view(-1)[[4, 9]] += 1.0
+    r = sync.publish(s1, 1)
+    assert (r.kind, r.changed, r.bytes_sent) == ("delta", 2, 2 * (4 + 2)) and _served_equals(pol, s1)
+    # a wrong assumption (the policy serves other weights) is caught by the base checksums
+    pol2 = TinyPolicy()
+    sync2 = WeightSync(pol2)
+    sync2.assume_served(_trainer_state(7), 0)
+    r = sync2.publish(s1, 1)
+    assert (r.kind, r.reason) == ("full", "checksum_mismatch") and _served_equals(pol2, s1)
+    # ... and a wrong version by the version check
+    sync3 = WeightSync(TinyPolicy())
+    sync3.assume_served(TinyPolicy().state, None)
+    assert sync3.publish(s1, 1).reason == "version_gap"
+    with pytest.raises(ConfigurationError, match="verify"):
+        WeightSync(TinyPolicy(), verify=False).assume_served(pol.state, 0)
+    with pytest.raises(ConfigurationError, match="every weight"):
+        WeightSync(TinyPolicy()).assume_served({"v": pol.state["v"]}, 0)
 
 
 def test_damaged_payload_is_refused_before_writing() -> None:
