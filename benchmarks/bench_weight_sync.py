@@ -54,9 +54,9 @@ def _load() -> list[float]:
 def _batch(tok: Any) -> Any:
     import torch
 
-    rows = [tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}], tokenize=True)
-            for q, a in TEXTS]
-    rows = [r["input_ids"] if isinstance(r, dict) else r for r in rows]
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}], tokenize=False)
+             for q, a in TEXTS]
+    rows = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     n = max(len(r) for r in rows)
     ids = torch.full((len(rows), n), tok.pad_token_id or 0)
     mask = torch.zeros((len(rows), n), dtype=torch.long)

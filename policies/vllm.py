@@ -43,7 +43,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from agentgym.dataflow.weightsync import decode_payload, encode_payload
+from agentgym.dataflow.weightsync import decode_payload, encode_payload, write_payload
 from agentgym.errors import (
     ConfigurationError,
     DependencyNotInstalled,
@@ -67,6 +67,7 @@ from .weights import LoRAAdapter, check_version, split_update
 
 UpdateMode = Literal["drain", "abort", "inflight"]
 _WORKER_EXTENSION = "agentgym.policies.vllm_worker.WeightWorkerExtension"
+_FILE_PAYLOAD_BYTES = 8 << 20  # larger updates reach the worker as a /dev/shm file, smaller ones inline
 
 __all__ = ["VLLMPolicy", "vllm_sampling_params"]
 
@@ -295,8 +296,21 @@ class VLLMPolicy(PolicyLifecycle):
                 update = {n: state[n] for n in names}
             full, idx, val = split_update(update, self._shapes)
             checks = update.get("checks") if isinstance(update, Mapping) else getattr(update, "checks", None)
-            payload = encode_payload(full, idx, val, checks)
-            result = self._run(self._swap(mode, version, payload=payload, verify=verify), timeout=timeout_s)
+            nbytes = sum(t.numel() * t.element_size() for t in [*full.values(), *idx.values(), *val.values()])
+            folder = self._payload_dir() if nbytes >= _FILE_PAYLOAD_BYTES else None
+            path = None
+            try:
+                if folder is None:
+                    payload: Any = encode_payload(full, idx, val, checks)
+                else:  # the worker reads it from shared memory: no copy through the engine's RPC socket
+                    fd, path = tempfile.mkstemp(prefix="agentgym-update-", suffix=".safetensors", dir=folder)
+                    os.close(fd)
+                    payload = write_payload(path, full, idx, val, checks)
+                result = self._run(self._swap(mode, version, payload=payload, verify=verify), timeout=timeout_s)
+            finally:
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             return list(result["changed"])
 
     async def update_weights_async(self, update: Any, version: int, timeout_s: float = 600.0, mode: UpdateMode = "drain",
@@ -371,6 +385,12 @@ class VLLMPolicy(PolicyLifecycle):
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"bad vLLM engine arguments {self._engine_args}: {e}") from e
+
+    def _payload_dir(self) -> str | None:
+        """Where large payloads go as files (/dev/shm), if the engine's workers run on this machine."""
+        if self._engine_args.get("distributed_executor_backend") == "ray":
+            return None
+        return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
     def _stage_lora(self, adapter: LoRAAdapter, version: int) -> Any:
         from vllm.lora.request import LoRARequest

@@ -64,6 +64,7 @@ __all__ = [
     "publish",
     "sparse_diff",
     "verify_checks",
+    "write_payload",
 ]
 
 
@@ -97,20 +98,40 @@ def encode_payload(full: Mapping[str, Any], indices: Mapping[str, Any], values: 
     """Full tensors and a sparse delta as safetensors bytes; ``checks`` go in the metadata."""
     from safetensors.torch import save
 
-    tensors: dict[str, Any] = {f"full/{k}": v.contiguous() for k, v in full.items()}
+    return save(_payload_tensors(full, indices, values), metadata={"checks": json.dumps(dict(checks or {}))})
+
+
+def write_payload(path: str, full: Mapping[str, Any], indices: Mapping[str, Any], values: Mapping[str, Any],
+                  checks: Mapping[str, Any] | None = None) -> str:
+    """:func:`encode_payload` into a file (no in-memory copy of the whole payload); returns ``"file:PATH"``."""
+    from safetensors.torch import save_file
+
+    save_file(_payload_tensors(full, indices, values), path, metadata={"checks": json.dumps(dict(checks or {}))})
+    return "file:" + path
+
+
+def _payload_tensors(full: Mapping[str, Any], indices: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    tensors: dict[str, Any] = {f"full/{k}": v.detach().to("cpu").contiguous() for k, v in full.items()}
     for k, i in indices.items():
-        tensors[f"idx/{k}"] = i.contiguous()
-        tensors[f"val/{k}"] = values[k].contiguous()
-    return save(tensors, metadata={"checks": json.dumps(dict(checks or {}))})
+        tensors[f"idx/{k}"] = i.detach().to("cpu").contiguous()
+        tensors[f"val/{k}"] = values[k].detach().to("cpu").contiguous()
+    return tensors
 
 
 def decode_payload(payload: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``(full, indices, values, checks)`` from :func:`encode_payload` bytes, ``"b64:..."`` or ``"file:PATH"``."""
+    if isinstance(payload, str) and payload.startswith("file:"):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(payload[5:], framework="pt") as fh:
+                raw = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open is not a Mapping)
+                meta = fh.metadata() or {}
+        except Exception as e:  # OSError, or safetensors' SafetensorError (an Exception subclass)
+            raise WeightSyncError(f"cannot read weight payload {payload[5:]!r}: {type(e).__name__}: {e}") from e
+        return _split_payload(raw, json.loads(meta.get("checks", "{}")))
     if isinstance(payload, str):
-        if payload.startswith("file:"):
-            with open(payload[5:], "rb") as fh:
-                data = fh.read()
-        elif payload.startswith("b64:"):
+        if payload.startswith("b64:"):
             data = base64.b64decode(payload[4:])
         else:
             raise WeightSyncError("a string weight payload must start with 'file:' or 'b64:'")
@@ -120,9 +141,15 @@ def decode_payload(payload: Any) -> tuple[dict[str, Any], dict[str, Any], dict[s
         raise WeightSyncError(f"unsupported weight payload {type(payload).__name__}")
     from safetensors.torch import load
 
-    raw = load(data)
-    header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
-    checks = json.loads((header.get("__metadata__") or {}).get("checks", "{}"))
+    try:
+        raw = load(data)
+        header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
+    except Exception as e:  # safetensors' SafetensorError on damaged bytes, or bad JSON
+        raise WeightSyncError(f"damaged weight payload: {type(e).__name__}: {e}") from e
+    return _split_payload(raw, json.loads((header.get("__metadata__") or {}).get("checks", "{}")))
+
+
+def _split_payload(raw: Mapping[str, Any], checks: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     full: dict[str, Any] = {}
     idx: dict[str, Any] = {}
     val: dict[str, Any] = {}

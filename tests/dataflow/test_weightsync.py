@@ -28,6 +28,7 @@ from agentgym.dataflow.weightsync import (  # noqa: E402
     publish,
     sparse_diff,
     verify_checks,
+    write_payload,
 )
 
 
@@ -196,6 +197,22 @@ def test_codec_round_trip_bytes_and_base64() -> None:
         assert c == {"base": {"b": 7}}
     with pytest.raises(WeightSyncError):
         decode_payload("http://nope")
+
+
+def test_codec_file_form_and_damaged_payloads(tmp_path: Any) -> None:
+    full = {"a": torch.randn(3, 4).to(torch.bfloat16)}
+    idx = {"b": torch.tensor([0, 5], dtype=torch.int32)}
+    val = {"b": torch.tensor([1.5, -2.0]).to(torch.bfloat16)}
+    ref = write_payload(str(tmp_path / "p.safetensors"), full, idx, val, {"payload": {"b": 9}})
+    assert ref.startswith("file:")
+    f, i, v, c = decode_payload(ref)
+    assert torch.equal(f["a"], full["a"]) and torch.equal(i["b"], idx["b"]) and torch.equal(v["b"], val["b"])
+    assert c == {"payload": {"b": 9}}
+    blob = encode_payload(full, idx, val)
+    (tmp_path / "cut.safetensors").write_bytes(blob[: len(blob) // 2])
+    for bad in (blob[: len(blob) // 2], b"\x00" * 16, "file:" + str(tmp_path / "cut.safetensors"), "file:" + str(tmp_path / "none")):
+        with pytest.raises(WeightSyncError):
+            decode_payload(bad)
 
 
 def test_sparse_diff_compares_bits() -> None:
