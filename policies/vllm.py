@@ -287,7 +287,11 @@ class VLLMPolicy(PolicyLifecycle):
                     raise ConfigurationError("this VLLMPolicy was started without enable_lora=True; it cannot serve "
                                              "LoRA adapters (start it with enable_lora=True, or publish merged weights)")
                 lora = self._stage_lora(update, version)
-                self._run(self._swap(mode, version, lora=lora), timeout=timeout_s)
+                try:
+                    self._run(self._swap(mode, version, lora=lora), timeout=timeout_s)
+                finally:
+                    if self._lora is not lora:  # refused or failed: its staged folder goes
+                        shutil.rmtree(lora.lora_path, ignore_errors=True)
                 return sorted(f"{m}.weight" for m in update.weights)
             if not isinstance(update, Mapping) and not hasattr(update, "indices") and hasattr(update, "apply_to"):
                 # a trainer-defined delta: apply it to a copy of the touched state, then send full tensors
@@ -349,6 +353,9 @@ class VLLMPolicy(PolicyLifecycle):
                 pass
             self.engine = None
             gc.collect()  # run AsyncLLM.__del__ now, not at interpreter exit
+        if self._lora_dir:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora = self._lora_dir = None
         self._stop_loop()
 
     def __enter__(self) -> VLLMPolicy:
