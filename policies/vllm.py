@@ -349,6 +349,7 @@ class VLLMPolicy(PolicyLifecycle):
                 self._loop.call_soon_threadsafe(engine.shutdown)
                 # shutdown() is synchronous; run it on the loop thread and wait for it
                 self._run(_noop(), timeout=60)
+                self._run(_close_zmq(engine), timeout=30)
             except (PolicyError, RuntimeError):
                 pass
             self.engine = None
@@ -611,6 +612,35 @@ def _checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
 
 async def _noop() -> None:
     return None
+
+
+async def _close_zmq(engine: Any) -> None:
+    """Terminate the ZMQ context vLLM's engine client leaves open after ``shutdown()`` (on the loop thread).
+
+    vLLM closes its sockets but never terminates the context; garbage collection then warns
+    "Unclosed context" (an error under ``filterwarnings=error``). The client's asyncio context is a
+    shadow of a sync one: close any socket left on either, then terminate the owner, once.
+    """
+    ctx = getattr(getattr(engine, "engine_core", None), "ctx", None)
+    if ctx is None:
+        return
+    owner = getattr(ctx, "_shadow_obj", None) or ctx
+    for c in (ctx, owner):
+        for sock in list(getattr(c, "_sockets", None) or []):
+            if not sock.closed:
+                sock.close(linger=0)
+    if not getattr(owner, "closed", True):
+        done = threading.Event()
+
+        def term() -> None:
+            owner.term()
+            done.set()
+
+        threading.Thread(target=term, name="vllm-zmq-term", daemon=True).start()  # term() blocks on stray sockets
+        for _ in range(50):
+            if done.is_set():
+                return
+            await asyncio.sleep(0.1)
 
 
 _LIVE: weakref.WeakSet[VLLMPolicy] = weakref.WeakSet()
