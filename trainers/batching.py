@@ -11,6 +11,10 @@ loss, and why, is counted in :class:`BatchStats`:
 * tokens the policy did not generate (prompt, env, tool and other policies' tokens: mask 0);
 * optionally truncated episodes (all-zero mask; they still count in their group's baseline).
 
+A group may carry a weight (``group_weights``: the importance weight of a replayed group, see
+:class:`~agentgym.dataflow.replay.GroupReplay`); every sample of it gets that ``weight``, and
+:func:`collate` multiplies it into the sample's per-token loss weights.
+
 :func:`pack_micro_batches` sorts samples by length and packs them under a token budget, so padding
 is only ever to the longest sequence of one micro-batch; :func:`collate` pads one micro-batch.
 """
@@ -40,6 +44,8 @@ class TrainSample:
         advantage: The episode's advantage, applied to every masked token (1.0 for SFT).
         logprobs: ``[L]`` behaviour logprobs (0 off the mask), or ``None``.
         versions: ``[L]`` weight version of each generated token (-1 elsewhere), or empty.
+        weight: Multiplies the sample's per-token loss weights (importance weight of a replayed
+            group; 1.0 for fresh samples).
     """
 
     policy_id: str
@@ -50,6 +56,7 @@ class TrainSample:
     versions: list[int] = field(default_factory=list)
     reward: float = 0.0
     group_id: str = ""
+    weight: float = 1.0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -98,15 +105,26 @@ class BatchStats:
 def samples_from_groups(groups: Sequence[TrajectoryGroup], policy_id: str, *, estimator: Estimator = "grpo",
                         eps: float = 1e-6, mask_truncated: bool = False, overlong_max_tokens: int | None = None,
                         overlong_buffer: int = 0, overlong_penalty_value: float = 1.0,
-                        keep_zero_advantage: bool = False) -> tuple[list[TrainSample], BatchStats]:
+                        keep_zero_advantage: bool = False,
+                        group_weights: Sequence[float] | None = None) -> tuple[list[TrainSample], BatchStats]:
     """Training samples of ``policy_id`` from finished groups (see the module docstring).
+
+    Args:
+        group_weights: ``[len(groups)]`` loss weight of each group's samples (default: all 1.0).
 
     Raises:
         TrainingDataError: a trajectory's token bookkeeping is inconsistent.
+        ValueError: ``group_weights`` does not match ``groups`` or holds a negative or non-finite weight.
     """
+    if group_weights is None:
+        group_weights = [1.0] * len(groups)
+    if len(group_weights) != len(groups):
+        raise ValueError(f"{len(group_weights)} group weights for {len(groups)} groups")
+    if any(not (0.0 <= w < float("inf")) for w in group_weights):
+        raise ValueError(f"group weights must be finite and >= 0, got {list(group_weights)}")
     stats = BatchStats()
     out: list[TrainSample] = []
-    for g in groups:
+    for g, gw in zip(groups, group_weights, strict=True):
         stats.groups += 1
         if g.early_stopped or any(t.early_stopped for t in g.trajectories):
             stats.early_stopped_groups += 1
@@ -135,7 +153,7 @@ def samples_from_groups(groups: Sequence[TrajectoryGroup], policy_id: str, *, es
             stats.advantages.append(a)
             for seg in t.segments(policy_id, zero_truncated=mask_truncated):
                 s = TrainSample(policy_id, seg.token_ids, seg.loss_mask, a, seg.logprobs, seg.versions,
-                                reward=r, group_id=g.group_id)
+                                reward=r, group_id=g.group_id, weight=float(gw))
                 if s.num_masked == 0:
                     continue
                 if abs(a) < 1e-12 and not keep_zero_advantage:
@@ -220,7 +238,8 @@ def collate(samples: Sequence[TrainSample], index: list[int], weights: Sequence[
         samples: All samples of the batch.
         index: Which ones go in this micro-batch.
         weights: ``[len(samples)]`` per-token aggregation weight of each sample
-            (:func:`~agentgym.trainers.losses.aggregation_weights`).
+            (:func:`~agentgym.trainers.losses.aggregation_weights`); each is multiplied by the
+            sample's own ``weight`` (importance weight of a replayed group).
     """
     rows = [samples[i] for i in index]
     width = max(len(s) for s in rows)
@@ -238,7 +257,7 @@ def collate(samples: Sequence[TrainSample], index: list[int], weights: Sequence[
         att[r, :n] = 1
         m = torch.tensor(s.loss_mask[1:], dtype=torch.float32)  # target t+1 of position t
         tmask[r, : n - 1] = m
-        w[r, : n - 1] = m * float(weights[i])
+        w[r, : n - 1] = m * (float(weights[i]) * float(s.weight))
         adv[r, 0] = float(s.advantage)
         if blp is not None and s.logprobs is not None:
             blp[r, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)

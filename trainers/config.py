@@ -14,6 +14,14 @@ A config file has one table per concern::
     [log]        JSONL (always), TensorBoard, rich progress, PNG curves
     [multi]      a second trained policy (solver + verifier)
     [dataflow]   the runtime: embedded or Ray, rollout services, max staleness (0 = synchronous), replay
+                 (plain, POPO-style prioritized fill with importance weights), GRESO task skipping
+    [gate]       Selective Rollout: stop groups whose members act alike at step K (enforce or audit)
+    [pilot]      pilot then commit: run a small pilot per task, the full group only if it shows variance
+
+The rollout-saving strategies and where they switch on: the mid-trajectory gate (``[gate] mode``),
+DAPO dynamic sampling (``[filter] dynamic_sampling``), GRESO pre-rollout skipping
+(``[dataflow] skip_zero_variance``), pilot then commit (``[pilot] mode``) and prioritized group replay
+(``[dataflow] replay_fill`` / ``replay_priority``).
 
 :func:`load_train_config` reads a file, applies ``--set a.b=v`` overrides and validates; every
 problem is reported at once in one :class:`~agentgym.errors.ConfigurationError`.
@@ -37,11 +45,13 @@ __all__ = [
     "DataflowSection",
     "EvalConfig",
     "FilterConfig",
+    "GateSection",
     "LogConfig",
     "LossConfig",
     "ModelConfig",
     "MultiConfig",
     "OptimConfig",
+    "PilotSection",
     "RolloutConfig",
     "RunConfig",
     "TrainConfig",
@@ -171,6 +181,9 @@ class FilterConfig(_Section):
     Attributes:
         dynamic_sampling: DAPO: drop groups whose rewards are all equal and roll more groups until
             the batch is full (at most ``max_refill_rounds`` extra rounds).
+        refill: Filtered groups (zero-variance, gate-stopped, pilot-only) are replaced by new rollouts.
+            ``False``: a filtered group's place stays empty (the batch is short; a gate or pilot then
+            saves its rollouts instead of spending them elsewhere), or replayed (``dataflow.replay_fill``).
         mask_truncated: Episodes cut by a limit get an all-zero loss mask (they still count in
             their group's baseline).
         overlong_buffer: DAPO soft overlong penalty: an episode whose generated tokens exceed
@@ -179,6 +192,7 @@ class FilterConfig(_Section):
 
     dynamic_sampling: bool = True
     max_refill_rounds: int = Field(default=2, ge=0)
+    refill: bool = True
     mask_truncated: bool = False
     overlong_max_tokens: int | None = Field(default=None, ge=1)
     overlong_buffer: int = Field(default=0, ge=0)
@@ -238,10 +252,14 @@ class EvalConfig(_Section):
 
 
 class LogConfig(_Section):
+    """Run logs. ``groups``: write ``groups.jsonl``, one compact line per finished rollout group (kept or
+    filtered: actions, tool calls, per-turn tokens, rewards, gate records; embedded runtime only)."""
+
     tensorboard: bool = False
     progress: bool = True
     plot: bool = True
     log_every: int = Field(default=1, ge=1)
+    groups: bool = False
 
 
 class MultiConfig(_Section):
@@ -275,6 +293,12 @@ class DataflowSection(_Section):
             embedded runtime, are also the eval policies).
         service_capacity: Groups in flight per service (default: ``rollout.groups_per_step``).
         replay_ratio: Share of each batch replayed from already-trained groups.
+        replay_fill: POPO: every group dynamic sampling filtered is replaced by a replayed informative
+            group instead of a new rollout (needs ``filter.dynamic_sampling``).
+        replay_priority: ``"latest"`` (the newest kept groups) or ``"recency"`` (drawn with priority
+            ``0.5 ** (age / replay_half_life)``, age in versions, with replacement; each draw carries
+            the importance weight ``(N P_i) ** -replay_beta`` (max-normalised) in the loss).
+        replay_max_age: Replayed groups may be at most this many versions old (``None``: no bound).
         ordering: ``"fifo"`` or ``"oldest_first"``.
         skip_zero_variance: GRESO-style: skip tasks whose last ``skip_patience`` groups were
             zero-variance, except with probability ``skip_explore``.
@@ -287,12 +311,55 @@ class DataflowSection(_Section):
     services: int = Field(default=1, ge=1)
     service_capacity: int | None = Field(default=None, ge=1)
     replay_ratio: float = Field(default=0.0, ge=0, lt=1)
+    replay_size: int = Field(default=256, ge=1)
+    replay_fill: bool = False
+    replay_priority: Literal["latest", "recency"] = "latest"
+    replay_half_life: float = Field(default=4.0, gt=0)
+    replay_beta: float = Field(default=1.0, ge=0, le=1)
+    replay_max_age: int | None = Field(default=None, ge=0)
     ordering: Literal["fifo", "oldest_first"] = "fifo"
     skip_zero_variance: bool = False
     skip_patience: int = Field(default=1, ge=1)
     skip_explore: float = Field(default=0.1, gt=0, le=1)
     ray_address: str | None = None
     service_resources: list[dict[str, float]] = Field(default_factory=list)
+
+
+class GateSection(_Section):
+    """The Selective Rollout gate (:class:`~agentgym.rollout.gates.SelectiveRolloutGate`).
+
+    Attributes:
+        mode: ``"off"``, ``"enforce"`` (stopped groups stay out of the loss and are not refilled
+            beyond ``filter.max_refill_rounds``) or ``"audit"`` (groups run to the end; decisions are
+            recorded and compared with the groups' final reward variance: precision and recall).
+        k: The step at which the group is judged.
+        threshold: Stop when the mean pairwise normalised prefix edit distance is below this (d).
+        level: ``"step"`` (one symbol per action) or ``"char"``.
+        view: ``"action"`` (parsed call, else command, else raw text) or ``"tool_calls"`` (parsed tool
+            calls only: free text and thinking aloud are ignored).
+        hold: Members wait at step ``k`` for the decision (the stop lands exactly at ``k``).
+    """
+
+    mode: Literal["off", "enforce", "audit"] = "off"
+    k: int = Field(default=10, ge=1)
+    threshold: float = Field(default=0.12, ge=0)
+    level: Literal["step", "char"] = "step"
+    view: Literal["action", "tool_calls"] = "action"
+    hold: bool = True
+
+
+class PilotSection(_Section):
+    """Pilot then commit (:class:`~agentgym.rollout.pilot.PilotCommitWorkflow`).
+
+    Attributes:
+        mode: ``"off"``, ``"enforce"`` (groups whose pilot's rewards are all equal come back pilot-only
+            and are filtered with the reason ``"pilot"``) or ``"audit"`` (every group runs whole; the
+            pilot's decision is recorded with the group's real outcome).
+        size: Members in the pilot (``2 <= size < rollout.group_size``).
+    """
+
+    mode: Literal["off", "enforce", "audit"] = "off"
+    size: int = Field(default=2, ge=2)
 
 
 class TrainConfig(_Section):
@@ -310,6 +377,8 @@ class TrainConfig(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     multi: MultiConfig = Field(default_factory=MultiConfig)
     dataflow: DataflowSection = Field(default_factory=DataflowSection)
+    gate: GateSection = Field(default_factory=GateSection)
+    pilot: PilotSection = Field(default_factory=PilotSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
@@ -322,6 +391,17 @@ class TrainConfig(_Section):
             problems.append("multi.workflow: multi-policy training runs with algorithm = 'grpo'")
         if self.rollout.backend == "vllm" and self.multi.workflow != "none":
             problems.append("rollout.backend: multi-policy runs use the hf backend (one vLLM engine per machine)")
+        if self.pilot.mode != "off" and self.pilot.size >= self.rollout.group_size:
+            problems.append(f"pilot.size: the pilot ({self.pilot.size}) must be smaller than rollout.group_size "
+                            f"({self.rollout.group_size})")
+        if self.pilot.mode != "off" and self.gate.mode != "off":
+            problems.append("pilot.mode / gate.mode: the pilot and the gate do not combine (the gate watches one whole "
+                            "group; the pilot runs it in two pieces); switch one off")
+        if self.multi.workflow != "none" and (self.pilot.mode != "off" or self.gate.mode != "off"):
+            problems.append("gate.mode / pilot.mode: the gate and the pilot run on the one-policy workflow only")
+        if self.dataflow.replay_fill and not self.filter.dynamic_sampling:
+            problems.append("dataflow.replay_fill replaces groups dynamic sampling filtered: set "
+                            "filter.dynamic_sampling = true")
 
         if problems:
             raise ValueError("; ".join(problems))

@@ -2,6 +2,10 @@
 
 ``OUT/metrics.jsonl`` gets one JSON object per step (nested dicts flattened to ``a/b`` keys), appended
 and flushed, so it survives a crash and a resumed run keeps appending to the same curve.
+
+``OUT/groups.jsonl`` (``log.groups``) gets one compact line per finished rollout group, kept or
+filtered: members' actions, tool calls, per-turn tokens and rewards, and the gate records. It is
+what an offline audit of a rollout-saving strategy needs (:func:`group_summary`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "flatten", "plot_curves", "read_metrics"]
+__all__ = ["GroupLog", "MetricsLogger", "flatten", "flow_counters", "group_summary", "plot_curves", "read_metrics"]
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -24,6 +28,56 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def flow_counters(stats: dict[str, Any]) -> dict[str, Any]:
+    """The cumulative rollout counters of a dataflow ``stats()`` (for each step's metrics)."""
+    g = stats.get("groups") or {}
+    return {"groups_finished": g.get("finished", 0), "episodes_finished": g.get("episodes", 0),
+            "generated_tokens": g.get("generated_tokens", 0),
+            "tasks_skipped": (stats.get("task_stream") or {}).get("skipped", 0),
+            "outcomes": g.get("outcomes", {}), "gates": stats.get("gates", {})}
+
+
+def group_summary(group: Any) -> dict[str, Any]:
+    """A compact, JSON-ready record of one finished :class:`~agentgym.types.TrajectoryGroup`."""
+    from agentgym.rollout.gates import canonical_calls
+
+    return {
+        "group_id": group.group_id, "task_id": group.task_id, "env_id": group.env_id,
+        "early_stopped": group.early_stopped, "stop_reason": group.stop_reason,
+        "rewards": [t.reward for t in group], "success": [bool(t.success) for t in group],
+        "errors": [t.error for t in group], "truncated": [bool(t.truncated) for t in group],
+        "members": [t.member for t in group],
+        "actions": [list(t.info.get("actions", [])) for t in group],
+        "calls": [[canonical_calls(tu.tool_calls) for tu in t.turns] for t in group],
+        "turn_tokens": [[len(tu.completion_token_ids) for tu in t.turns] for t in group],
+        "gate_records": [{k: r.get(k) for k in ("gate", "action", "reason", "score", "step", "enforced",
+                                                 "tokens_at_decision", "final_zero_variance", "final_tokens")}
+                         for r in group.gate_records],
+    }
+
+
+class GroupLog:
+    """A dataflow group observer that appends :func:`group_summary` lines to a JSONL file.
+
+    Args:
+        path: The file (appended to, flushed per line).
+        owner: Anything with ``step`` and ``version`` attributes (the recipe), recorded on each line.
+    """
+
+    def __init__(self, path: str | Path, owner: Any = None) -> None:
+        self.path = Path(path)
+        self.owner = owner
+
+    def __call__(self, group: Any, outcome: dict[str, str | None]) -> None:
+        rec = group_summary(group)
+        rec["outcome"] = outcome
+        if self.owner is not None:
+            rec["step"] = getattr(self.owner, "step", None)
+            rec["version"] = getattr(self.owner, "version", None)
+        with self.path.open("a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
 
 
 def _clean(v: Any) -> Any:

@@ -51,7 +51,7 @@ from agentgym.types import Trajectory
 from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .metrics import MetricsLogger, plot_curves
+from .metrics import GroupLog, MetricsLogger, flow_counters, plot_curves
 from .model import add_lora, load_causal_lm
 from .publish import WeightPublisher
 from .rollout_setup import make_env, make_rollout_policy, make_workflow, policy_paths, service_workflows
@@ -160,7 +160,7 @@ class Recipe:
         """A run that does not resume starts a new curve: drop the old run's metrics, evals and checkpoints."""
         import shutil
 
-        for name in ("metrics.jsonl", "result.json", "curves.png"):
+        for name in ("metrics.jsonl", "result.json", "curves.png", "groups.jsonl"):
             (self.out / name).unlink(missing_ok=True)
         for name in ("eval", "checkpoints", "tensorboard"):
             shutil.rmtree(self.out / name, ignore_errors=True)
@@ -221,24 +221,31 @@ class Recipe:
         from agentgym.dataflow.runtime import ServiceSpec, make_runtime
         from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 
-        r, d = cfg.rollout, cfg.dataflow
+        r, d, f = cfg.rollout, cfg.dataflow, cfg.filter
         info: dict[str, Any] = {"derive_sampling_seed": True} if r.sampling_seeds else {}
         tasks = [TaskRef(r.env, tid, seed=cfg.run.seed, info=info) for tid in self._task_ids()]
+        filtering = f.dynamic_sampling or cfg.gate.mode == "enforce" or cfg.pilot.mode == "enforce"
         flow_cfg = DataflowConfig(
             groups_per_step=r.groups_per_step, max_staleness=d.max_staleness, policies=tuple(paths),
-            replay_ratio=d.replay_ratio, ordering=d.ordering, filter_zero_variance=cfg.filter.dynamic_sampling,
-            max_filtered_per_batch=(r.groups_per_step * (cfg.filter.max_refill_rounds + 1)
-                                    if cfg.filter.dynamic_sampling else None),
+            replay_ratio=d.replay_ratio, replay_size=d.replay_size, replay_fill=d.replay_fill,
+            replay_priority=d.replay_priority, replay_half_life=d.replay_half_life, replay_beta=d.replay_beta,
+            replay_max_age=d.replay_max_age, replay_seed=cfg.run.seed, refill=f.refill,
+            ordering=d.ordering, filter_zero_variance=f.dynamic_sampling,
+            max_filtered_per_batch=r.groups_per_step * (f.max_refill_rounds + 1) if filtering else None,
             dead_after_s=max(60.0, r.policy_timeout_s))
         skipper = ZeroVarianceSkipper(d.skip_patience, d.skip_explore) if d.skip_zero_variance else None
         env_factory = self.env_factory or functools.partial(make_env, dict(r.env_kwargs))
         if d.runtime == "embedded":
             stream = TaskStream(tasks, seed=cfg.run.seed, skipper=skipper)
             self._runtime = make_runtime("embedded", tasks, flow_cfg, stream=stream)
+            if cfg.log.groups:
+                self._runtime.flow.group_observers.append(GroupLog(self.out / "groups.jsonl", self))
         else:
-            if skipper is not None:
-                raise ConfigurationError("dataflow.skip_zero_variance runs on the embedded runtime only for now")
-            self._runtime = make_runtime("ray", tasks, flow_cfg, seed=cfg.run.seed, address=d.ray_address)
+            if cfg.log.groups:
+                raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
+                                         "available with dataflow.runtime = 'ray'")
+            self._runtime = make_runtime("ray", tasks, flow_cfg, seed=cfg.run.seed, address=d.ray_address,
+                                         skipper=skipper)
         capacity = d.service_capacity or r.groups_per_step
         self._specs = []
         for i in range(d.services):
@@ -339,6 +346,9 @@ class Recipe:
             self.logger.log(self.total_steps, {"eval": {"success": self.result["after"]["success"]}})
         self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
         self.result["steps"] = self.step
+        if self._runtime is not None:
+            st = await self._runtime.stats()
+            self.result["dataflow"] = {k: st.get(k) for k in ("groups", "gates", "task_stream", "replay")}
         await self._checkpoint()
         self._save_final()
         return self.result
@@ -369,6 +379,7 @@ class Recipe:
         else:
             rec.update(per)
         rec["filter"] = {"dropped_groups": sum(b.filtered for b in batches.values())}
+        rec["flow"] = flow_counters(await self._runtime.stats())
         rec["version"] = self.version
         rec["time"] = {"rollout_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2, "step_s": t3 - t0}
         return rec
@@ -376,8 +387,10 @@ class Recipe:
     async def _train_policy(self, pid: str, batch: Any, in_thread: bool) -> dict[str, Any]:
         """Advantages, samples and one optimizer step for ``pid`` on its batch; returns its metrics."""
         f, tr = self.cfg.filter, self.trainers[pid]
-        groups = sorted(batch.all_groups, key=lambda g: g.group_id)  # a stable order, whatever finished first
-        samples, stats = samples_from_groups(groups, pid, estimator=self.cfg.advantage.estimator,
+        # a stable order, whatever finished first; replayed groups carry their importance weight
+        pairs = sorted(zip(batch.all_groups, batch.group_weights, strict=True), key=lambda gw: gw[0].group_id)
+        groups, weights = [g for g, _ in pairs], [w for _, w in pairs]
+        samples, stats = samples_from_groups(groups, pid, group_weights=weights, estimator=self.cfg.advantage.estimator,
                                              eps=self.cfg.advantage.eps, mask_truncated=f.mask_truncated,
                                              overlong_max_tokens=f.overlong_max_tokens,
                                              overlong_buffer=f.overlong_buffer,
@@ -386,6 +399,8 @@ class Recipe:
                              "dataflow": {"groups": len(batch.groups), "replayed": len(batch.replayed),
                                           "filtered": batch.filtered, "expired": batch.expired,
                                           "wait_s": batch.wait_s,
+                                          "replay_weight_mean": (sum(batch.replay_weights) / len(batch.replay_weights)
+                                                                 if batch.replay_weights else None),
                                           "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
         if not samples:
             assert self.logger is not None

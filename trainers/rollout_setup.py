@@ -7,6 +7,7 @@ service can build its policies inside a Ray actor on another node as well as in 
 from __future__ import annotations
 
 import importlib
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,10 +41,12 @@ def make_rollout_policy(cfg: Mapping[str, Any], pid: str, path: str) -> Any:
 
 
 def make_workflow(cfg: Mapping[str, Any], policies: Mapping[str, Any]) -> Workflow:
-    """The training workflow over ``policies`` (one group = ``rollout.group_size`` episodes of a task)."""
+    """The training workflow over ``policies`` (one group = ``rollout.group_size`` episodes of a task),
+    with the Selective Rollout gate (``[gate]``) or the pilot-then-commit wrapper (``[pilot]``) if on."""
     from agentgym.policy import SamplingParams
-    from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
+    from agentgym.rollout import MultiTurnWorkflow, RolloutLimits, SelectiveRolloutGate
     from agentgym.rollout.multi_policy import SolverVerifierWorkflow
+    from agentgym.rollout.pilot import PilotCommitWorkflow
 
     r = cfg["rollout"]
     sampling = SamplingParams(temperature=r["temperature"], top_p=r["top_p"], max_tokens=r["max_tokens"])
@@ -54,7 +57,18 @@ def make_workflow(cfg: Mapping[str, Any], policies: Mapping[str, Any]) -> Workfl
             policies["solver"], policies["verifier"], r["group_size"], sampling=sampling,
             verifier_sampling=SamplingParams(temperature=r["temperature"], max_tokens=cfg["multi"]["verifier_max_tokens"]),
             limits=limits)
-    return MultiTurnWorkflow(policies["policy"], r["group_size"], sampling=sampling, limits=limits)
+    gate = cfg.get("gate") or {"mode": "off"}
+    pilot = cfg.get("pilot") or {"mode": "off"}
+    gates = []
+    if gate["mode"] != "off":
+        gates.append(SelectiveRolloutGate(gate["k"], gate["threshold"], level=gate["level"], hold=gate["hold"],
+                                          view=gate["view"]))
+    # the gate records travel on each TrajectoryGroup; the workflow's own log keeps only the latest
+    wf = MultiTurnWorkflow(policies["policy"], r["group_size"], sampling=sampling, limits=limits, gates=gates,
+                           audit=gate["mode"] == "audit", gate_log=deque(maxlen=256))
+    if pilot["mode"] != "off":
+        return PilotCommitWorkflow(wf, pilot["size"], audit=pilot["mode"] == "audit", gate_log=deque(maxlen=256))
+    return wf
 
 
 def service_workflows(cfg: Mapping[str, Any]) -> dict[str, Workflow]:

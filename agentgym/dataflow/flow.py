@@ -15,6 +15,18 @@ Its control loop, independent of any trainer:
   versions behind the policy's current version. A trainer waits only when its buffer cannot fill a
   batch.
 
+**Replay** (:class:`~agentgym.dataflow.replay.GroupReplay`): trained informative groups are kept per
+policy; ``replay_ratio`` adds that share of replayed groups to every batch, and ``replay_fill``
+(POPO) puts a replayed group in the place of every filtered one instead of rolling a new group for
+it (a filtered group then counts as consumed, so nothing is refilled; ``refill=False`` does the same
+without replay: the batch comes back short). ``replay_priority`` picks the
+groups (``"latest"``, or ``"recency"`` with importance weights, :attr:`Batch.replay_weights`).
+
+**Outcomes.** :meth:`DataFlow.stats` counts every finished group by outcome (trained, or filtered
+with its reason: ``errors``, ``early_stopped`` (a gate), ``pilot`` (pilot-then-commit), ``no_tokens``,
+``zero_variance``), the tokens generated in them, and each gate's decisions against the groups'
+outcomes (audited decisions give precision and recall). ``group_observers`` see every finished group.
+
 **Staleness budget.** With ``d`` trainer steps done for a policy (:meth:`DataFlow.step_done`, also
 implied by :meth:`DataFlow.set_version`) and ``c`` groups already handed to its trainer, the groups in
 the pipeline (queued, running, buffered) are capped at ``(d + max_staleness + 1) * groups_per_step - c``:
@@ -41,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentgym.dataflow.ledger import Ledger, Ticket
+from agentgym.dataflow.replay import GroupReplay, ReplayPriority
 from agentgym.dataflow.service import ServiceDead, ServiceHandle, ServiceResult
 from agentgym.dataflow.tasks import TaskRef, TaskStream
 from agentgym.errors import ConfigurationError
@@ -65,8 +78,10 @@ def filter_errors(min_valid: int = 2) -> GroupFilter:
 
 
 def filter_early_stopped(group: TrajectoryGroup, policy: str) -> str | None:
-    """Early-stopped groups stay out of the loss."""
-    return "early_stopped" if group.early_stopped else None
+    """Early-stopped groups stay out of the loss (``"pilot"``: a pilot-then-commit group that never committed)."""
+    if not group.early_stopped:
+        return None
+    return "pilot" if (group.stop_reason or "").startswith("pilot_commit") else "early_stopped"
 
 
 def filter_zero_variance(group: TrajectoryGroup, policy: str) -> str | None:
@@ -97,8 +112,17 @@ class DataflowConfig:
         policies: The trained policies a ticket feeds.
         replay_ratio: Share of a batch taken from already-trained groups (0: none).
         replay_size: Trained groups kept for replay.
+        replay_fill: POPO: a replayed group takes the place of every filtered group (no refill rollout).
+        replay_priority: ``"latest"`` (the newest groups) or ``"recency"`` (drawn with priority
+            ``0.5 ** (age / replay_half_life)``, with importance weights; see
+            :class:`~agentgym.dataflow.replay.GroupReplay`).
+        replay_half_life / replay_beta / replay_max_age: Recency half-life (versions), importance
+            exponent (0..1), and the age past which replayed groups are dropped (``None``: never).
+        replay_seed: Seeds the replay draws.
         ordering: ``"fifo"`` (arrival) or ``"oldest_first"`` (oldest weight version first).
         filter_zero_variance: Drop zero-variance groups (DAPO dynamic sampling).
+        refill: A filtered group's place is refilled with a new rollout (dynamic sampling). ``False``:
+            it counts as consumed and the batch comes back short (or, with ``replay_fill``, replayed).
         poll_s: How long one service poll waits for a result (the heartbeat period).
         dead_after_s: A service silent for this long is dead.
         max_attempts: A ticket resubmitted this many times is filtered (``"attempts"``) instead.
@@ -114,8 +138,15 @@ class DataflowConfig:
     policies: tuple[str, ...] = ("policy",)
     replay_ratio: float = 0.0
     replay_size: int = 256
+    replay_fill: bool = False
+    replay_priority: ReplayPriority = "latest"
+    replay_half_life: float = 4.0
+    replay_beta: float = 1.0
+    replay_max_age: int | None = None
+    replay_seed: int = 0
     ordering: Literal["fifo", "oldest_first"] = "fifo"
     filter_zero_variance: bool = True
+    refill: bool = True
     poll_s: float = 0.2
     dead_after_s: float = 30.0
     max_attempts: int = 5
@@ -129,6 +160,12 @@ class DataflowConfig:
             problems.append(f"max_staleness must be >= 0, got {self.max_staleness}")
         if not 0 <= self.replay_ratio < 1:
             problems.append(f"replay_ratio must be in [0, 1), got {self.replay_ratio}")
+        if self.replay_size < 1 or self.replay_priority not in ("latest", "recency") or self.replay_half_life <= 0 \
+                or not 0 <= self.replay_beta <= 1 or (self.replay_max_age is not None and self.replay_max_age < 0):
+            problems.append("replay: size >= 1, priority 'latest' or 'recency', half_life > 0, beta in [0, 1], "
+                            "max_age >= 0")
+        if self.replay_fill and not self.filter_zero_variance:
+            problems.append("replay_fill replaces filtered zero-variance groups: it needs filter_zero_variance")
         if self.ordering not in ("fifo", "oldest_first"):
             problems.append(f"ordering must be 'fifo' or 'oldest_first', got {self.ordering!r}")
         if not self.policies:
@@ -156,6 +193,7 @@ class Batch:
     tickets: list[str]
     replayed: list[TrajectoryGroup] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # oldest token version of each fresh group
+    replay_weights: list[float] = field(default_factory=list)  # importance weight of each replayed group
     expired: int = 0  # groups expired as stale while this batch was assembled
     wait_s: float = 0.0
     filtered: int = 0  # groups filtered for this policy since its previous batch
@@ -164,6 +202,12 @@ class Batch:
     @property
     def all_groups(self) -> list[TrajectoryGroup]:
         return self.groups + self.replayed
+
+    @property
+    def group_weights(self) -> list[float]:
+        """``[len(all_groups)]``: 1 for fresh groups, the importance weight for replayed ones."""
+        w = self.replay_weights or [1.0] * len(self.replayed)
+        return [1.0] * len(self.groups) + list(w)
 
 
 @dataclass
@@ -201,8 +245,17 @@ class DataFlow:
         self.consumed: dict[str, int] = {p: 0 for p in self.config.policies}  # fresh groups handed to trainers
         self.done: dict[str, int] = {p: 0 for p in self.config.policies}  # trainer steps finished
         self.buffers: dict[str, deque[_Item]] = {p: deque() for p in self.config.policies}
-        self.replay: dict[str, deque[TrajectoryGroup]] = {p: deque(maxlen=self.config.replay_size)
-                                                          for p in self.config.policies}
+        c = self.config
+        self.replay: dict[str, GroupReplay] = {
+            p: GroupReplay(p, c.replay_size, priority=c.replay_priority, half_life=c.replay_half_life,
+                           beta=c.replay_beta, max_age=c.replay_max_age, seed=c.replay_seed)
+            for p in c.policies}
+        self.outcomes: dict[str, dict[str, int]] = {p: {} for p in c.policies}  # outcome -> groups
+        self.generated_tokens = 0  # in every finished group, kept or not
+        self.finished_groups = 0
+        self.finished_episodes = 0
+        self.gate_stats: dict[str, dict[str, float]] = {}
+        self.group_observers: list[Callable[[TrajectoryGroup, dict[str, str | None]], None]] = []
         self.queue: deque[str] = deque()  # requeued ticket ids, submitted before new tasks
         self.tickets: dict[str, Ticket] = {}
         self._ids = itertools.count()
@@ -319,7 +372,10 @@ class DataFlow:
         if policy_id not in self.buffers:
             raise ConfigurationError(f"the dataflow layer trains {list(self.buffers)}, not {policy_id!r}")
         n = n_groups or self.config.groups_per_step
-        n_replay = min(int(n * self.config.replay_ratio), len(self.replay[policy_id]))
+        fill = self.config.replay_fill
+        n_replay = int(n * self.config.replay_ratio) if self.replay[policy_id] else 0
+        if self.config.replay_priority == "latest":
+            n_replay = min(n_replay, len(self.replay[policy_id]))
         n_fresh = n - n_replay
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
@@ -328,8 +384,11 @@ class DataFlow:
         async with cond:
             while True:
                 expired += self._expire(policy_id)
-                if len(self.buffers[policy_id]) >= n_fresh:
+                have = len(self.buffers[policy_id])
+                if have >= n_fresh:
                     break
+                if (fill or not self.config.refill) and have + self.filtered_since[policy_id] >= n_fresh:
+                    break  # every group of this round is in (filtered ones are not refilled)
                 cap = self.config.max_filtered_per_batch
                 if cap is not None and self.filtered_since[policy_id] >= cap:
                     break
@@ -341,16 +400,18 @@ class DataFlow:
             items = self._take(policy_id, n_fresh)
             for it in items:
                 self.ledger.resolve(it.ticket_id, policy_id, "trained")
-            replayed = list(itertools.islice(reversed(self.replay[policy_id]), n_replay))
+            holes = n_fresh - len(items) if fill else 0
+            draws = self.replay[policy_id].sample(n_replay + holes, self.versions[policy_id])
+            replayed = [g for g, _ in draws]
             for it in items:
-                self.replay[policy_id].append(it.group)
+                self.replay[policy_id].add(it.group, it.min_version)
             self.served[policy_id] += 1
             self.consumed[policy_id] += len(items)
             filtered, self.filtered_since[policy_id] = self.filtered_since[policy_id], 0
             cond.notify_all()
         return Batch(policy_id, [it.group for it in items], [it.ticket_id for it in items], replayed,
-                     [it.min_version for it in items], expired, time.monotonic() - t0, filtered,
-                     short=len(items) < n_fresh)
+                     [it.min_version for it in items], [w for _, w in draws], expired, time.monotonic() - t0,
+                     filtered, short=len(items) + len(replayed) < n)
 
     # ------------------------------------------------------------------ state
     def stats(self) -> dict[str, Any]:
@@ -358,7 +419,12 @@ class DataFlow:
                 "buffered": {p: len(b) for p, b in self.buffers.items()}, "requeued_waiting": len(self.queue),
                 "services": {sid: {"alive": s.alive, "ready": s.ready, "in_flight": len(s.in_flight),
                                    "completed": s.completed} for sid, s in self.services.items()},
-                "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped}}
+                "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped},
+                "groups": {"finished": self.finished_groups, "episodes": self.finished_episodes,
+                           "generated_tokens": self.generated_tokens,
+                           "outcomes": {p: dict(o) for p, o in self.outcomes.items()}},
+                "gates": {g: dict(v) for g, v in self.gate_stats.items()},
+                "replay": {p: {"kept": len(r), "added": r.added, "refused": r.refused} for p, r in self.replay.items()}}
 
     def state_dict(self) -> dict[str, Any]:
         """What a training checkpoint needs to resume the data position.
@@ -495,15 +561,54 @@ class DataFlow:
         self.group_walls.append(res.wall_s)
         rewards = group.rewards()
         self.stream.feedback(ticket.task, group.zero_variance(), sum(rewards) / len(rewards) if rewards else 0.0)
+        self._count(group)
+        outcome: dict[str, str | None] = {}
         for p in ticket.policies:
             reason = next((r for f in self.filters if (r := f(group, p))), None)
+            outcome[p] = reason
+            key = f"filtered:{reason}" if reason else "kept"
+            self.outcomes[p][key] = self.outcomes[p].get(key, 0) + 1
             if reason:
                 self.ledger.resolve(res.ticket_id, p, "filtered", reason)
                 self.filtered_since[p] += 1
+                if self.config.replay_fill or not self.config.refill:  # no new rollout takes its place
+                    self.consumed[p] += 1
                 continue
             self.ledger.buffer(res.ticket_id, p)
             self.buffers[p].append(_Item(res.ticket_id, group, _min_version(group, p, ticket.versions.get(p, 0)),
                                          time.monotonic()))
+        for obs in self.group_observers:
+            try:
+                obs(group, outcome)
+            except Exception as e:  # an observer (a logger) must not stop the data
+                log.warning("group observer %r failed: %s", obs, e)
+
+    def _count(self, group: TrajectoryGroup) -> None:
+        """Outcome counters: tokens generated, and each gate's decisions against the group's outcome."""
+        self.finished_groups += 1
+        self.finished_episodes += len(group)
+        self.generated_tokens += sum(t.num_generated_tokens for t in group)
+        for r in group.gate_records:
+            if r.get("action") == "flag":
+                continue
+            st = self.gate_stats.setdefault(r["gate"], {})
+
+            def inc(k: str, v: float = 1.0, st: dict[str, float] = st) -> None:
+                st[k] = st.get(k, 0.0) + v
+
+            stop = r.get("action") == "stop"
+            zv = r.get("final_zero_variance")
+            inc("decisions")
+            inc("stops", float(stop))
+            inc("enforced_stops", float(stop and bool(r.get("enforced"))))
+            if stop:  # tokens spent when it decided vs. the group's tokens at the end (audit: would-be savings)
+                inc("stop_tokens_at_decision", float(r.get("tokens_at_decision") or 0))
+                inc("stop_final_tokens", float(r.get("final_tokens") or 0))
+            if zv is not None:
+                inc("audited")
+                inc("audited_zero_variance", float(zv))
+                inc("audited_stops", float(stop))
+                inc("audited_correct_stops", float(stop and zv))
 
     def _retry(self, ticket_id: str, why: str) -> None:
         ticket = self.tickets[ticket_id]

@@ -26,7 +26,7 @@ from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig
 from agentgym.dataflow.ledger import Ticket
 from agentgym.dataflow.runtime import ServiceSpec, build_service, publish_to
 from agentgym.dataflow.service import ServiceDead, ServiceResult
-from agentgym.dataflow.tasks import TaskRef, TaskStream
+from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError, DependencyNotInstalled
 
 __all__ = ["RayRuntime", "RayService"]
@@ -123,8 +123,9 @@ class RayService:
 class _FlowActor:
     """DataFlow in an async Ray actor (decorated in :func:`_actor_classes`)."""
 
-    def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig, seed: int) -> None:
-        self.flow = DataFlow(TaskStream(list(tasks), seed=seed), config)
+    def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig, seed: int,
+                 skipper: ZeroVarianceSkipper | None = None) -> None:
+        self.flow = DataFlow(TaskStream(list(tasks), seed=seed, skipper=skipper), config)
 
     async def start(self) -> None:
         await self.flow.start()
@@ -186,6 +187,7 @@ class RayRuntime:
 
     Args:
         tasks / config / seed: As for :class:`~agentgym.dataflow.runtime.EmbeddedRuntime`.
+        skipper: GRESO-style zero-variance task skipping in the flow actor's task stream.
         address: A running cluster (``"127.0.0.1:6379"``); ``None`` starts (or joins) a local Ray.
         init_kwargs: Extra ``ray.init`` arguments (``runtime_env``, ``num_cpus``...).
     """
@@ -193,13 +195,14 @@ class RayRuntime:
     name = "ray"
 
     def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig | None = None, *, seed: int = 0,
-                 address: str | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+                 address: str | None = None, init_kwargs: dict[str, Any] | None = None,
+                 skipper: ZeroVarianceSkipper | None = None) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
         self._service_cls, flow_cls = _actor_classes()
         self.config = config or DataflowConfig()
-        self.flow = flow_cls.remote(list(tasks), self.config, seed)
+        self.flow = flow_cls.remote(list(tasks), self.config, seed, skipper)
         self.actors: dict[str, Any] = {}
 
     async def start(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig, GroupFilter
 from agentgym.dataflow.service import LocalService, RolloutService, ServiceDead
-from agentgym.dataflow.tasks import TaskRef, TaskStream
+from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError, WeightSyncError
 from agentgym.rollout.workflow import Workflow
 
@@ -128,14 +128,16 @@ class EmbeddedRuntime:
         config: The dataflow configuration.
         seed: Task order seed.
         stream: A ready task stream instead of ``tasks`` + ``seed`` (curriculum, skipper).
+        skipper: GRESO-style zero-variance task skipping (when no ``stream`` is given).
         filters: Group filters (default: the config's).
     """
 
     name = "embedded"
 
     def __init__(self, tasks: Sequence[TaskRef] = (), config: DataflowConfig | None = None, *, seed: int = 0,
-                 stream: TaskStream | None = None, filters: Sequence[GroupFilter] | None = None) -> None:
-        self.flow = DataFlow(stream or TaskStream(tasks, seed=seed), config, filters=filters)
+                 stream: TaskStream | None = None, filters: Sequence[GroupFilter] | None = None,
+                 skipper: ZeroVarianceSkipper | None = None) -> None:
+        self.flow = DataFlow(stream or TaskStream(tasks, seed=seed, skipper=skipper), config, filters=filters)
 
     async def start(self) -> None:
         await self.flow.start()

@@ -51,7 +51,7 @@ from agentgym.errors import (
     TokenizationError,
 )
 from agentgym.policy import ChatSession, Generation, GenRequest, Policy, SamplingParams, capabilities_of
-from agentgym.rollout.gates import GateMonitor, canonical_action
+from agentgym.rollout.gates import GateMonitor, canonical_action, canonical_calls
 from agentgym.rollout.runtime import EnvTimeout, RolloutLimits, RolloutRuntime
 from agentgym.types import Message, ToolSpec, Trajectory, Turn
 
@@ -466,7 +466,8 @@ class Episode:
         self.env_metrics = dict(info.get("metrics") or self.env_metrics)
         self.actions.append(canonical_action(turn.tool_calls, info.get("command"), turn.text))
         if self.monitor is not None:
-            self.monitor.record_step(self.spec.member, self.actions[-1], float(reward), self.generated_tokens)
+            self.monitor.record_step(self.spec.member, self.actions[-1], float(reward), self.generated_tokens,
+                                     canonical_calls(turn.tool_calls))
         if terminated:
             tr.terminated = True
             tr.success = bool(info.get("success", False))

@@ -13,21 +13,30 @@ Two gates ship:
   same reward for everyone (zero advantage, no gradient), so below ``threshold`` it stops the group.
 * :class:`ZeroVarianceDetector`: flags completed groups whose rewards are all equal.
 
-**The action sequence, concretely.** Each step contributes one *action string*
-(:func:`canonical_action`): the parsed tool calls as canonical JSON
-(``{"arguments":...,"name":...}`` with sorted keys, ``;``-joined), else the parsed text command
-(whitespace collapsed), else the whitespace-collapsed raw text. An episode's action sequence is the
-list of its action strings; the prefix is its first ``k`` items (fewer if it ended earlier).
-The distance between two prefixes ``a`` and ``b`` is the Levenshtein distance over *sequences*
-(each action is one symbol; insert/delete/substitute cost 1; two actions are equal only when their
-strings are identical), divided by ``max(len(a), len(b))`` (0 if both are empty). The group score is
-the mean over all ``G(G-1)/2`` pairs. ``level="char"`` instead joins each prefix with newlines and
-uses character-level Levenshtein normalised by the longer string.
+**The action sequence, concretely.** Each step contributes one *action string*. With
+``view="action"`` (the default) it is :func:`canonical_action`: the parsed tool calls as canonical
+JSON (``{"arguments":...,"name":...}`` with sorted keys, ``;``-joined), else the parsed text command
+(whitespace collapsed), else the whitespace-collapsed raw text. With ``view="tool_calls"`` it is
+:func:`canonical_calls`: the parsed tool calls only (names and canonical arguments, string values
+whitespace-collapsed); a step without a parsed call is the one symbol ``"<no_call>"``, whatever
+its text. So a model that thinks aloud, or writes free text that parses to nothing, is compared on
+what it *did*: two members whose turns parse to no call behave alike for the env (an error
+observation each), and free text no longer makes them look diverse. ``view="action"`` suits
+text-command envs (ALFWorld); ``view="tool_calls"`` suits tool-calling envs.
+
+An episode's action sequence is the list of its action strings; the prefix is its first ``k``
+items (fewer if it ended earlier). The distance between two prefixes ``a`` and ``b`` is the
+Levenshtein distance over *sequences* (each action is one symbol; insert/delete/substitute cost 1;
+two actions are equal only when their strings are identical), divided by ``max(len(a), len(b))``
+(0 if both are empty). The group score is the mean over all ``G(G-1)/2`` pairs. ``level="char"``
+instead joins each prefix with newlines and uses character-level Levenshtein normalised by the
+longer string. Distances are computed by ``rapidfuzz`` (``rapidfuzz.distance.Levenshtein``); action
+strings are mapped to integer symbols first, so sequence equality is exact.
 
 **Audit mode.** With ``audit=True`` (see :class:`GateMonitor`) decisions are recorded but not
 enforced, the group runs to the end, and the final rewards are written into the
 :class:`GateRecord`; :func:`gate_precision` then gives the fraction of would-be stops whose group
-really ended with zero reward variance.
+really ended with zero reward variance, and the recall (the share of zero-variance groups stopped).
 """
 
 from __future__ import annotations
@@ -36,9 +45,11 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, MutableSequence, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from rapidfuzz.distance import Levenshtein as _Lev
 
 from agentgym.types import ToolCall
 
@@ -51,6 +62,7 @@ __all__ = [
     "SelectiveRolloutGate",
     "ZeroVarianceDetector",
     "canonical_action",
+    "canonical_calls",
     "gate_precision",
     "levenshtein",
     "mean_pairwise_distance",
@@ -58,6 +70,8 @@ __all__ = [
 ]
 
 DecisionKind = Literal["stop", "continue", "flag"]
+View = Literal["action", "tool_calls"]
+NO_CALL = "<no_call>"
 
 
 def canonical_action(tool_calls: Sequence[ToolCall] | None, command: str | None, text: str) -> str:
@@ -73,17 +87,41 @@ def canonical_action(tool_calls: Sequence[ToolCall] | None, command: str | None,
     return " ".join(text.split())
 
 
+def _canonical_value(v: Any) -> Any:
+    if isinstance(v, str):
+        return " ".join(v.split())
+    if isinstance(v, dict):
+        return {str(k): _canonical_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_canonical_value(x) for x in v]
+    return v
+
+
+def canonical_calls(tool_calls: Sequence[ToolCall] | None) -> str:
+    """The ``view="tool_calls"`` action string of one step: the parsed calls' names and arguments
+    (sorted keys, string values whitespace-collapsed, call ids dropped), ``;``-joined; ``"<no_call>"``
+    when nothing parsed to a call."""
+    if not tool_calls:
+        return NO_CALL
+    return ";".join(
+        json.dumps({"name": c.get("name"), "arguments": _canonical_value(c.get("arguments"))}, sort_keys=True,
+                   separators=(",", ":"), default=str)
+        for c in tool_calls
+    )
+
+
+def _symbols(a: Sequence[Hashable], b: Sequence[Hashable]) -> tuple[Sequence[Hashable], Sequence[Hashable]]:
+    """Strings stay strings (characters); other sequences become integer symbols (exact equality)."""
+    if isinstance(a, str) and isinstance(b, str):
+        return a, b
+    ids: dict[Hashable, int] = {}
+    return [ids.setdefault(x, len(ids)) for x in a], [ids.setdefault(x, len(ids)) for x in b]
+
+
 def levenshtein(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
-    """Edit distance between two sequences (strings or lists), unit costs."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i]
-        for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return prev[-1]
+    """Edit distance between two sequences (strings or lists), unit costs (``rapidfuzz``)."""
+    x, y = _symbols(a, b)
+    return int(_Lev.distance(x, y))
 
 
 def normalized_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
@@ -94,13 +132,21 @@ def normalized_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
 
 def mean_pairwise_distance(prefixes: Sequence[Sequence[str]], level: Literal["step", "char"] = "step") -> float:
     """Mean normalised edit distance over all pairs of action prefixes (0.0 for fewer than 2)."""
-    seqs: list[Sequence[Hashable]] = (
-        [list(p) for p in prefixes] if level == "step" else ["\n".join(p) for p in prefixes]
-    )
+    if level == "step":  # one integer symbol per distinct action string, shared by the whole group
+        ids: dict[str, int] = {}
+        seqs: list[Sequence[Hashable]] = [[ids.setdefault(x, len(ids)) for x in p] for p in prefixes]
+    elif level == "char":
+        seqs = ["\n".join(p) for p in prefixes]
+    else:
+        raise ValueError(f"level must be 'step' or 'char', got {level!r}")
     pairs = list(itertools.combinations(range(len(seqs)), 2))
     if not pairs:
         return 0.0
-    return sum(normalized_distance(seqs[i], seqs[j]) for i, j in pairs) / len(pairs)
+    total = 0.0
+    for i, j in pairs:
+        n = max(len(seqs[i]), len(seqs[j]))
+        total += _Lev.distance(seqs[i], seqs[j]) / n if n else 0.0
+    return total / len(pairs)
 
 
 @dataclass
@@ -109,6 +155,7 @@ class GroupState:
 
     Attributes:
         actions: ``[G][steps]`` action strings (:func:`canonical_action`).
+        calls: ``[G][steps]`` tool-call strings (:func:`canonical_calls`), for ``view="tool_calls"``.
         rewards: ``[G]`` reward accumulated so far.
         done: ``[G]`` True once the member ended (terminated, truncated, errored or stopped).
         success: ``[G]`` the member's success flag (final once ``done``).
@@ -121,6 +168,7 @@ class GroupState:
     env_id: str
     size: int
     actions: list[list[str]] = field(default_factory=list)
+    calls: list[list[str]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
     success: list[bool] = field(default_factory=list)
@@ -131,6 +179,7 @@ class GroupState:
     def __post_init__(self) -> None:
         g = self.size
         self.actions = self.actions or [[] for _ in range(g)]
+        self.calls = self.calls or [[] for _ in range(g)]
         self.rewards = self.rewards or [0.0] * g
         self.done = self.done or [False] * g
         self.success = self.success or [False] * g
@@ -193,28 +242,36 @@ class SelectiveRolloutGate:
         k: Number of steps in the compared prefix.
         threshold: Stop when the mean pairwise normalised distance is strictly below this.
         level: ``"step"`` (sequence of action strings, default) or ``"char"``.
+        view: ``"action"`` (:func:`canonical_action`, default) or ``"tool_calls"``
+            (:func:`canonical_calls`: parsed calls only, free text ignored).
         hold: Pause members at step ``k`` until every member got there (exact stop at step k).
     """
 
     name = "selective_rollout"
 
     def __init__(self, k: int = 10, threshold: float = 0.12, level: Literal["step", "char"] = "step",
-                 hold: bool = True) -> None:
+                 hold: bool = True, view: View = "action") -> None:
         if k < 1:
             raise ValueError("SelectiveRolloutGate needs k >= 1")
+        if level not in ("step", "char"):
+            raise ValueError(f"SelectiveRolloutGate level must be 'step' or 'char', got {level!r}")
+        if view not in ("action", "tool_calls"):
+            raise ValueError(f"SelectiveRolloutGate view must be 'action' or 'tool_calls', got {view!r}")
         self.k = int(k)
         self.threshold = float(threshold)
         self.level: Literal["step", "char"] = level
+        self.view: View = view
         self.hold_at: int | None = self.k if hold else None
 
     def after_step(self, group: GroupState) -> GateDecision | None:
         if not group.reached(self.k) or group.all_done:
             return None
-        prefixes = [a[: self.k] for a in group.actions]
+        seqs = group.calls if self.view == "tool_calls" else group.actions
+        prefixes = [a[: self.k] for a in seqs]
         if group.size < 2:
             return GateDecision("continue", "group_too_small", None, {"k": self.k})
         d = mean_pairwise_distance(prefixes, self.level)
-        details = {"k": self.k, "threshold": self.threshold, "level": self.level,
+        details = {"k": self.k, "threshold": self.threshold, "level": self.level, "view": self.view,
                    "prefix_lengths": [len(p) for p in prefixes]}
         if d < self.threshold:
             return GateDecision("stop", "low_diversity", d, details)
@@ -312,11 +369,11 @@ class GateMonitor:
     """
 
     def __init__(self, group: GroupState, gates: Sequence[Gate], *, audit: bool = False,
-                 log: list[GateRecord] | None = None, tol: float = 1e-9) -> None:
+                 log: MutableSequence[GateRecord] | None = None, tol: float = 1e-9) -> None:
         self.group = group
         self.gates = list(gates)
         self.audit = audit
-        self.log: list[GateRecord] = log if log is not None else []
+        self.log: MutableSequence[GateRecord] = log if log is not None else []
         self.records: list[GateRecord] = []
         self.stopped = False
         self.stop_reason: str | None = None
@@ -325,9 +382,12 @@ class GateMonitor:
         self._ended = False
 
     # ----------------------------------------------------------------- member hooks
-    def record_step(self, member: int, action: str, reward: float, tokens: int) -> None:
+    def record_step(self, member: int, action: str, reward: float, tokens: int, call: str | None = None) -> None:
+        """One env step of ``member``: its action string, its tool-call string (default: ``action``),
+        the step's reward and the tokens it has generated so far."""
         g = self.group
         g.actions[member].append(action)
+        g.calls[member].append(action if call is None else call)
         g.rewards[member] += reward
         g.tokens[member] = tokens
 

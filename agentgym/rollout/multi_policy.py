@@ -25,7 +25,7 @@ same. ``limits.max_turns`` counts env steps, not policy turns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
 from dataclasses import replace
 
 from agentgym.errors import ConfigurationError
@@ -84,7 +84,7 @@ class SolverVerifierWorkflow:
                  sampling: SamplingParams | None = None, verifier_sampling: SamplingParams | None = None,
                  limits: RolloutLimits | None = None, max_retries: int = 1, token_mode: TokenMode = "auto",
                  verifier_prompt: str = VERIFIER_SYSTEM_PROMPT, gates: Sequence[Gate] = (),
-                 gate_log: list[GateRecord] | None = None) -> None:
+                 gate_log: MutableSequence[GateRecord] | None = None) -> None:
         if solver.policy_id == verifier.policy_id:
             raise ConfigurationError(
                 f"solver and verifier share the policy_id {solver.policy_id!r}; give them distinct ids so "

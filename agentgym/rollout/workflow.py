@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -82,12 +82,19 @@ EpisodeBody = Callable[[Episode], Awaitable[None]]
 
 async def run_group(runtime: RolloutRuntime, request: GroupRequest, size: int, body: EpisodeBody, *,
                     limits: RolloutLimits, gates: Sequence[Gate] = (), audit: bool = False,
-                    gate_log: list[GateRecord] | None = None) -> TrajectoryGroup:
+                    gate_log: MutableSequence[GateRecord] | None = None,
+                    members: Sequence[int] | None = None) -> TrajectoryGroup:
     """Run ``size`` members of one group, each ``body(episode)`` on its own env, under the group's gates.
+
+    ``members``: run only these member indices of the group (e.g. a pilot, then the rest; each keeps
+    its own member index and so its own sampling seed). Gates watch whole groups only.
 
     Every member holds a runtime slot while it runs; an env that broke is discarded, not reused.
     """
     group_id = request.group_id or uuid.uuid4().hex[:12]
+    which = list(range(size)) if members is None else list(members)
+    if members is not None and gates and which != list(range(size)):
+        raise ConfigurationError("gates watch whole groups; run_group(members=...) takes no gates")
     monitor = None
     if gates:
         monitor = GateMonitor(GroupState(group_id, request.task_id, request.env_id, size), gates, audit=audit,
@@ -111,7 +118,7 @@ async def run_group(runtime: RolloutRuntime, request: GroupRequest, size: int, b
                     monitor.member_done(i, False)
                 return error_trajectory(request, group_id, i, e)
 
-    trajs = list(await asyncio.gather(*(member(i) for i in range(size))))
+    trajs = list(await asyncio.gather(*(member(i) for i in which)))
     group = TrajectoryGroup(group_id=group_id, task_id=request.task_id, env_id=request.env_id, trajectories=trajs,
                             info=dict(request.info))
     if monitor is not None:
@@ -143,7 +150,7 @@ class MultiTurnWorkflow:
 
     def __init__(self, policy: Policy, group_size: int = 1, *, sampling: SamplingParams | None = None,
                  limits: RolloutLimits | None = None, gates: Sequence[Gate] = (), audit: bool = False,
-                 gate_log: list[GateRecord] | None = None, token_mode: TokenMode = "auto",
+                 gate_log: MutableSequence[GateRecord] | None = None, token_mode: TokenMode = "auto",
                  history_window: int | None = None) -> None:
         if group_size < 1:
             raise ConfigurationError(f"group_size must be >= 1, got {group_size}.")
@@ -156,7 +163,7 @@ class MultiTurnWorkflow:
         self.limits = limits or RolloutLimits()
         self.gates = list(gates)
         self.audit = audit
-        self.gate_log: list[GateRecord] = gate_log if gate_log is not None else []
+        self.gate_log: MutableSequence[GateRecord] = gate_log if gate_log is not None else []
         self.token_mode: TokenMode = token_mode
         self.history_window = history_window
 
@@ -164,9 +171,14 @@ class MultiTurnWorkflow:
     def policies(self) -> list[Policy]:
         return [self.policy]
 
-    async def run(self, runtime: RolloutRuntime, request: GroupRequest) -> TrajectoryGroup:
-        async def body(ep: Episode) -> None:
-            await run_episode_body(ep, self.policy, self.sampling, self.token_mode, self.history_window)
+    async def _body(self, ep: Episode) -> None:
+        await run_episode_body(ep, self.policy, self.sampling, self.token_mode, self.history_window)
 
-        return await run_group(runtime, request, self.group_size, body, limits=self.limits, gates=self.gates,
+    async def run(self, runtime: RolloutRuntime, request: GroupRequest) -> TrajectoryGroup:
+        return await run_group(runtime, request, self.group_size, self._body, limits=self.limits, gates=self.gates,
                                audit=self.audit, gate_log=self.gate_log)
+
+    async def run_members(self, runtime: RolloutRuntime, request: GroupRequest,
+                          members: Sequence[int]) -> TrajectoryGroup:
+        """Run only ``members`` of the group (no gates): the pieces of a :class:`PilotCommitWorkflow`."""
+        return await run_group(runtime, request, self.group_size, self._body, limits=self.limits, members=members)
