@@ -30,11 +30,13 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from agentgym.errors import SandboxError, SandboxUnavailable
-from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec, release_workdir
+from agentgym.sandbox._posix import UidLease, UidPool, is_root, make_preexec, release_workdir
+from agentgym.sandbox._worker import seccomp_program, write_files
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -123,7 +125,7 @@ def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None, 
         prefix = str(Path(py_real).parent.parent)
         args += ["--ro-bind", prefix, prefix]
     size = str(file_mb * 1024 * 1024)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp"]
     args += ["--bind", workdir, "/work"] if workdir else ["--size", size, "--tmpfs", "/work"]
     args += ["--chdir", "/work", "--clearenv"]
     for k, v in _ENV.items():
@@ -137,11 +139,12 @@ class BwrapSession:
     def __init__(self, box: BwrapSandbox) -> None:
         self._box = box
         self._dir = tempfile.mkdtemp(prefix="agentgym-bwrap-session-")
-        self._uid_cm = box._uids.acquire() if is_root() else None
-        self._uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
+        self._lease: UidLease | None = box._uids.lease() if is_root() else None
+        self._uid = self._lease.uid if self._lease is not None else None
         if self._uid is not None:
             os.chown(self._dir, self._uid, self._uid)
         os.chmod(self._dir, 0o700)
+        self._finalizer = weakref.finalize(self, release_workdir, self._lease, self._dir)
 
     @property
     def path(self) -> str:
@@ -151,13 +154,14 @@ class BwrapSession:
     def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
             max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        if not self._finalizer.alive:
+            raise SandboxError("this BwrapSession is closed")
         return self._box._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
                                    memory_mb=memory_mb, max_output_bytes=max_output_bytes,
                                    workdir=self._dir, uid=self._uid)
 
     def close(self) -> None:
-        release_workdir(self._uid_cm, self._uid, self._dir)
-        self._uid_cm = None
+        self._finalizer()
 
     def __enter__(self) -> BwrapSession:
         return self
@@ -171,8 +175,8 @@ class _Worker:
 
     def __init__(self, box: BwrapSandbox) -> None:
         self.box = box
-        self._uid_cm = box._uids.acquire() if is_root() else None
-        uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
+        self._lease: UidLease | None = box._uids.lease() if is_root() else None
+        uid = self._lease.uid if self._lease is not None else None
         # No --die-with-parent: PR_SET_PDEATHSIG fires when the *thread* that started the worker
         # exits. The worker exits by itself when its control pipe closes (host exit or crash).
         args = _base_args(box.exe, box.python, box.file_mb, die_with_parent=False)
@@ -241,9 +245,9 @@ class _Worker:
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
-        if self._uid_cm is not None:
-            self._uid_cm.__exit__(None, None, None)
-            self._uid_cm = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
 class BwrapSandbox:
@@ -293,10 +297,19 @@ class BwrapSandbox:
         if self.warm:
             return self._run_warm(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
                                   memory_mb=memory_mb, max_output_bytes=max_output_bytes)
-        with self._uids.acquire() as uid:
+        if not is_root():
             return self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
-                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None,
-                                  uid=uid if is_root() else None)
+                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None, uid=None)
+        lease = self._uids.lease()
+        clean = False
+        try:
+            res = self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None, uid=lease.uid)
+            # bwrap exited normally: its PID namespace, and every process in it, is gone
+            clean = not (res.timed_out or res.truncated or res.exit_code is None)
+            return res
+        finally:
+            lease.release(clean=clean)
 
     def session(self) -> BwrapSession:
         """A session whose ``/work`` persists between runs (cold runs; processes never persist)."""
@@ -332,15 +345,30 @@ class BwrapSandbox:
             inline = language == "bash" and len(program) < _INLINE_MAX  # no script file in the work dir
             if not inline:
                 all_files[name] = program.encode("utf-8")
-            for rel, data in all_files.items():
-                fd = os.memfd_create("agentgym-file", 0)
-                os.write(fd, data)
+            if workdir is not None:
+                # a session dir the program controls: written by the host, never through a link it planted
+                try:
+                    write_files(workdir, all_files, owner=uid)
+                except OSError as e:
+                    return ExecResult(stderr=f"sandbox: could not write the program's files: {e}", exit_code=126,
+                                      backend=self.name)
+            else:
+                for rel, data in all_files.items():
+                    fd = os.memfd_create("agentgym-file", 0)
+                    os.write(fd, data)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    memfds.append(fd)
+                    parent = os.path.dirname(rel)
+                    if parent:
+                        args += ["--dir", f"/work/{parent}"]
+                    args += ["--file", str(fd), f"/work/{rel}"]
+            seccomp = seccomp_program()
+            if seccomp:
+                fd = os.memfd_create("agentgym-seccomp", 0)
+                os.write(fd, seccomp)
                 os.lseek(fd, 0, os.SEEK_SET)
                 memfds.append(fd)
-                parent = os.path.dirname(rel)
-                if parent:
-                    args += ["--dir", f"/work/{parent}"]
-                args += ["--file", str(fd), f"/work/{rel}"]
+                args += ["--seccomp", str(fd)]
             if inline:
                 args += ["/bin/bash", "-c", program, "bash"]
             elif language == "bash":
@@ -360,8 +388,6 @@ class BwrapSandbox:
                 os.close(fd)
         cap = communicate(proc, stdin=as_bytes(stdin), timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                           kill=lambda: killpg(proc.pid))
-        if uid is not None and workdir is None and (cap.timed_out or cap.truncated or cap.returncode != 0):
-            kill_uid(uid)  # wait until the killed namespace is gone, so the uid's process count is back
         res = result_from(cap, self.name)
         if res.exit_code is not None and res.exit_code > 0 and cap.stderr.startswith(b"bwrap:"):
             raise SandboxError(f"bwrap failed: {cap.stderr.decode(errors='replace').strip()}")

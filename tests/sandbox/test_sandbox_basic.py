@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -173,3 +174,62 @@ def test_worker_script_is_reachable_by_unprivileged_uids() -> None:
     while d != "/":
         assert os.stat(d).st_mode & stat.S_IXOTH, d
         d = os.path.dirname(d)
+
+
+# ------------------------------------------------------------------------------ concurrency (issue 11)
+VICTIM = "import time\ntime.sleep(0.6)\nprint('alive')"
+KILLERS = [("import sys\nsys.exit(3)", 10.0), ("import time\ntime.sleep(5)", 0.2), ("raise MemoryError", 10.0)]
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param("bwrap", id="bwrap"),
+    pytest.param("bwrap-warm", id="bwrap-warm"),
+    pytest.param("process", id="process"),
+    pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.slow]),
+])
+def test_sandbox_instances_never_kill_each_others_runs(name: str, box_factory: Callable[[str], Sandbox]) -> None:
+    """Many instances at once (as in a concurrent eval, one per env): one instance's failed, timed-out
+    or closed runs must never touch another instance's live run or session."""
+    n = 2 if name == "docker" else 4
+    boxes = [box_factory(name) for _ in range(2 * n)]
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def victim(box: Sandbox, session: bool) -> None:
+        for _ in range(3):
+            if session:
+                s = box.session()
+                try:
+                    r = s.run(VICTIM, timeout_s=20)
+                finally:
+                    s.close()
+            else:
+                r = box.run(VICTIM, timeout_s=20)
+            if not (r.ok and r.stdout == "alive\n"):
+                errors.append(f"{box.name}: {r.summary(300)}")
+
+    def killer(box: Sandbox) -> None:
+        i = 0
+        while not stop.is_set():
+            prog, timeout = KILLERS[i % len(KILLERS)]
+            i += 1
+            if i % 4 == 0:
+                s = box.session()
+                s.run(prog, timeout_s=timeout)
+                s.close()
+            else:
+                box.run(prog, timeout_s=timeout)
+
+    try:
+        victims = [threading.Thread(target=victim, args=(b, i % 2 == 1)) for i, b in enumerate(boxes[:n])]
+        killers = [threading.Thread(target=killer, args=(b,)) for b in boxes[n:]]
+        for t in killers + victims:
+            t.start()
+        for t in victims:
+            t.join(120)
+        stop.set()
+        for t in killers:
+            t.join(60)
+    finally:
+        stop.set()
+    assert errors == [], f"runs were killed by another sandbox instance: {errors[:3]}"

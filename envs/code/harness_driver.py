@@ -1,0 +1,419 @@
+"""Code-v0's hidden-test driver. Runs *inside* the sandbox as the run's program (stdlib only; it is
+read as text by :mod:`.tasks`, never imported by the host).
+
+The submitted code never runs in this process. The driver reads a nonce and the tests from its
+stdin, makes itself non-dumpable (so a process of the same uid cannot read its memory or reach
+its file descriptors), then starts the submission in a *fresh* interpreter whose only link to the
+driver is a pipe of plain data: the tests run here and call the submission's functions through
+proxies. Arguments and results cross as plain values (None, bool, int, float, complex, str,
+bytes, and lists, tuples, dicts and sets of them); anything else stays in the submission's process
+and is seen here as an opaque handle that can be called, indexed, iterated or asked for attributes,
+but never compared. So a submission cannot reach the driver's reporting channel, read the tests,
+or pass a test with an object that claims to equal anything: every comparison a test makes is
+between plain values, in this process. Results go to the run's stdout, tagged with the nonce.
+"""
+
+import builtins
+import json
+import os
+import subprocess
+import sys
+
+MAX_DEPTH = 100
+
+# --------------------------------------------------------------------------- the submission side
+# Runs in the fresh interpreter: loads the submission as __main__ and serves requests on the
+# pipe fds RFD / WFD (set by a prefix line).
+SOLUTION_SIDE = r'''
+import builtins, json, os, sys, types
+rf = os.fdopen(RFD, "rb", buffering=1 << 16)
+wfd = WFD
+MAX_DEPTH = 100
+handles = {}
+PLAIN = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
+
+def send(obj):
+    data = json.dumps(obj).encode() + b"\n"
+    while data:
+        data = data[os.write(wfd, data):]
+
+def handle(v):
+    handles[id(v)] = v
+    return ["h", id(v)]
+
+def enc(v, depth=0):
+    t = type(v)
+    if depth > MAX_DEPTH:
+        return handle(v)
+    if t is type(None):
+        return ["n"]
+    if t is bool:
+        return ["b", v]
+    if t is int:
+        return ["i", format(v, "x")]
+    if t is float:
+        return ["f", v.hex()]
+    if t is complex:
+        return ["c", v.real.hex(), v.imag.hex()]
+    if t is str:
+        return ["s", v]
+    if t is bytes:
+        return ["y", v.hex()]
+    if t in (list, tuple, set, frozenset):
+        tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
+        return [tag, [enc(x, depth + 1) for x in v]]
+    if t is dict:
+        return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
+    # a subclass of a plain type, or an array with tolist(): its plain value (as if returned plainly)
+    for base, conv in ((bool, bool), (int, int), (float, float), (complex, complex), (str, str.__str__),
+                       (bytes, bytes), (list, list), (tuple, tuple), (dict, dict), (frozenset, frozenset),
+                       (set, set)):
+        if isinstance(v, base):
+            return enc(conv(v), depth + 1)
+    tolist = getattr(t, "tolist", None)
+    if callable(tolist) and type(v).__module__.split(".")[0] == "numpy":
+        return enc(v.tolist(), depth + 1)
+    return handle(v)
+
+def dec(x):
+    tag = x[0]
+    if tag == "n": return None
+    if tag == "b": return bool(x[1])
+    if tag == "i": return int(x[1], 16)
+    if tag == "f": return float.fromhex(x[1])
+    if tag == "c": return complex(float.fromhex(x[1]), float.fromhex(x[2]))
+    if tag == "s": return str(x[1])
+    if tag == "y": return bytes.fromhex(x[1])
+    if tag == "l": return [dec(i) for i in x[1]]
+    if tag == "t": return tuple(dec(i) for i in x[1])
+    if tag == "S": return set(dec(i) for i in x[1])
+    if tag == "F": return frozenset(dec(i) for i in x[1])
+    if tag == "d": return {dec(k): dec(v) for k, v in x[1]}
+    if tag == "h": return handles[x[1]]
+    raise ValueError(tag)
+
+def describe(ns):
+    out = {}
+    for name, v in list(ns.items()):
+        if name.startswith("__"):
+            continue
+        if isinstance(v, types.ModuleType):
+            out[name] = ["m", v.__name__]
+        else:
+            out[name] = enc(v)
+    return out
+
+mod = types.ModuleType("__main__")
+mod.__dict__.update({"__builtins__": builtins, "__file__": "solution.py"})
+sys.modules["__main__"] = mod
+sys.argv = ["solution.py"]
+src = json.loads(rf.readline())
+try:
+    exec(compile(src, "solution.py", "exec"), mod.__dict__)
+    send({"names": describe(mod.__dict__)})
+except BaseException as e:
+    send({"error": "%s: %s" % (type(e).__name__, e)})
+    os._exit(0)
+while True:
+    line = rf.readline()
+    if not line:
+        os._exit(0)
+    req = json.loads(line)
+    try:
+        obj = dec(req["h"])
+        op = req["op"]
+        args = [dec(a) for a in req.get("args", [])]
+        if op == "call":
+            kwargs = {k: dec(v) for k, v in req.get("kwargs", {}).items()}
+            res = obj(*args, **kwargs)
+            after = [enc(a) if type(a) in (list, dict, set) else None for a in args]
+            send({"ok": enc(res), "after": after})
+            continue
+        if op == "getattr":
+            res = getattr(obj, args[0])
+        elif op == "len":
+            res = len(obj)
+        elif op == "list":
+            res = list(obj)
+        elif op == "bool":
+            res = bool(obj)
+        elif op == "getitem":
+            res = obj[args[0]]
+        elif op == "contains":
+            res = args[0] in obj
+        elif op == "str":
+            res = str(obj)
+        elif op == "repr":
+            res = repr(obj)
+        elif op == "int":
+            res = int(obj)
+        elif op == "float":
+            res = float(obj)
+        else:
+            raise ValueError("unknown op %r" % op)
+        send({"ok": enc(res)})
+    except BaseException as e:
+        if isinstance(e, SystemExit):
+            os._exit(0)
+        send({"exc": [type(e).__name__, str(e)[:2000]]})
+'''
+
+
+class SolutionGone(Exception):
+    """The submission's process died, exited or broke the protocol."""
+
+
+class SolutionError(Exception):
+    """The submission raised an exception that is not a built-in one."""
+
+
+class Handle:
+    """An object that lives in the submission's process. Usable, never comparable."""
+
+    __slots__ = ("_id",)
+
+    def __init__(self, hid):
+        object.__setattr__(self, "_id", hid)
+
+    def __call__(self, *args, **kwargs):
+        return SOLUTION.call(self, args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return SOLUTION.op(self, "getattr", name)
+
+    def __len__(self):
+        return SOLUTION.op(self, "len")
+
+    def __iter__(self):
+        return iter(SOLUTION.op(self, "list"))
+
+    def __bool__(self):
+        return SOLUTION.op(self, "bool")
+
+    def __getitem__(self, key):
+        return SOLUTION.op(self, "getitem", key)
+
+    def __contains__(self, item):
+        return SOLUTION.op(self, "contains", item)
+
+    def __str__(self):
+        return SOLUTION.op(self, "str")
+
+    def __repr__(self):
+        return SOLUTION.op(self, "repr")
+
+    def __int__(self):
+        return SOLUTION.op(self, "int")
+
+    def __float__(self):
+        return SOLUTION.op(self, "float")
+
+    def _refuse(self, *_args):
+        raise TypeError("the submission returned an object that is not a plain value; tests compare plain "
+                        "values only (return numbers, strings, lists, tuples, dicts or sets)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+
+
+def enc(v, depth=0):
+    t = type(v)
+    if isinstance(v, Handle):
+        return ["h", object.__getattribute__(v, "_id")]
+    if depth > MAX_DEPTH:
+        raise TypeError("argument nested too deeply")
+    if t is type(None):
+        return ["n"]
+    if t is bool:
+        return ["b", v]
+    if t is int:
+        return ["i", format(v, "x")]
+    if t is float:
+        return ["f", v.hex()]
+    if t is complex:
+        return ["c", v.real.hex(), v.imag.hex()]
+    if t is str:
+        return ["s", v]
+    if t is bytes:
+        return ["y", v.hex()]
+    if t in (list, tuple, set, frozenset):
+        return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [enc(x, depth + 1) for x in v]]
+    if t is dict:
+        return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
+    raise TypeError("cannot pass a %s to the submission (only plain values cross)" % t.__name__)
+
+
+def dec(x, depth=0):
+    if depth > MAX_DEPTH + 5 or not isinstance(x, list) or not x:
+        raise SolutionGone("malformed value")
+    tag = x[0]
+    if tag == "n":
+        return None
+    if tag == "b":
+        return x[1] is True
+    if tag == "i":
+        return int(str(x[1]), 16)
+    if tag == "f":
+        return float.fromhex(str(x[1]))
+    if tag == "c":
+        return complex(float.fromhex(str(x[1])), float.fromhex(str(x[2])))
+    if tag == "s":
+        return str(x[1])
+    if tag == "y":
+        return bytes.fromhex(str(x[1]))
+    if tag in ("l", "t", "S", "F"):
+        items = [dec(i, depth + 1) for i in x[1]]
+        return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
+    if tag == "d":
+        return {dec(k, depth + 1): dec(v, depth + 1) for k, v in x[1]}
+    if tag == "h" and type(x[1]) is int:
+        return Handle(x[1])
+    raise SolutionGone("malformed value")
+
+
+class Solution:
+    """The submission's process and the pipe to it."""
+
+    def __init__(self, source):
+        to_r, self._to_w = os.pipe()
+        self._from_r, from_w = os.pipe()
+        code = "RFD, WFD = %d, %d\n" % (to_r, from_w)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", code + SOLUTION_SIDE], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(to_r, from_w), close_fds=True)
+        os.close(to_r)
+        os.close(from_w)
+        self._rf = os.fdopen(self._from_r, "rb", buffering=1 << 16)
+        self.dead = False
+        self._send(source)
+        first = self._recv()
+        self.error = first.get("error") if isinstance(first, dict) else "the submission did not load"
+        self.names = first.get("names", {}) if isinstance(first, dict) else {}
+
+    def _send(self, obj):
+        data = json.dumps(obj).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self._to_w, data):]
+        except OSError:
+            self.dead = True
+            raise SolutionGone("the submission's process is gone") from None
+
+    def _recv(self):
+        if self.dead:
+            raise SolutionGone("the submission's process is gone")
+        try:
+            line = self._rf.readline()
+            if not line:
+                raise ValueError("end of stream")
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not an object")
+            return obj
+        except (ValueError, OSError, RecursionError, MemoryError):
+            self.dead = True
+            raise SolutionGone("the submission's process exited or broke the protocol") from None
+
+    def _answer(self):
+        resp = self._recv()
+        if "exc" in resp:
+            name, msg = [*list(resp["exc"]), "", ""][:2]
+            cls = getattr(builtins, str(name), None)
+            if (isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, SolutionGone)
+                    and cls.__module__ == "builtins"):
+                raise cls(str(msg))
+            raise SolutionError("%s: %s" % (name, msg))
+        if "ok" not in resp:
+            self.dead = True
+            raise SolutionGone("malformed answer")
+        return resp
+
+    def call(self, h, args, kwargs):
+        self._send({"op": "call", "h": enc(h), "args": [enc(a) for a in args],
+                    "kwargs": {str(k): enc(v) for k, v in kwargs.items()}})
+        resp = self._answer()
+        after = resp.get("after")
+        if isinstance(after, list) and len(after) == len(args):
+            for a, new in zip(args, after):  # noqa: B905 (runs on older interpreters too)
+                if new is None:
+                    continue
+                val = dec(new)
+                # in-place changes to list/dict/set arguments come back
+                if type(a) is list and type(val) is list:
+                    a[:] = val
+                elif (type(a) is dict and type(val) is dict) or (type(a) is set and type(val) is set):
+                    a.clear()
+                    a.update(val)
+        return dec(resp["ok"])
+
+    def op(self, h, op, *args):
+        self._send({"op": op, "h": enc(h), "args": [enc(a) for a in args]})
+        return dec(self._answer()["ok"])
+
+    def close(self):
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except Exception:
+            pass
+
+
+SOLUTION = None
+
+
+def main():
+    global SOLUTION
+    workdir = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir) and not p.startswith(workdir + os.sep)]
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    except Exception:
+        pass
+    nonce = sys.stdin.readline().strip()
+    spec = json.loads(sys.stdin.read())
+    out_fd = os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)  # what tests print never mixes with the results
+
+    def report(tag, ok):
+        os.write(out_fd, ("\n@@AG %s %s %d\n" % (nonce, tag, ok)).encode())
+
+    SOLUTION = Solution(spec["solution"])
+    if SOLUTION.error:
+        sys.stderr.write("your code failed to load: %s\n" % SOLUTION.error)
+        report("done", 1)
+        return
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    for name, desc in SOLUTION.names.items():
+        try:
+            if desc[0] == "m":
+                if desc[1] in getattr(sys, "stdlib_module_names", ()) or desc[1] in sys.builtin_module_names:
+                    ns[name] = __import__(desc[1], fromlist=["_"])
+            else:
+                ns[name] = dec(desc)
+        except Exception:
+            continue
+    if spec.get("setup", "").strip():
+        exec(compile(spec["setup"], "setup.py", "exec"), ns)
+    index = 0
+    for test, counted in zip(spec["tests"], spec["counted"]):  # noqa: B905 (runs on older interpreters too)
+        code = compile(test, "test.py", "exec")
+        if not counted:
+            exec(code, ns)
+            continue
+        try:
+            exec(code, ns)
+            report(index, 1)
+        except Exception:
+            report(index, 0)
+        index += 1
+    report("done", 1)
+    SOLUTION.close()
+
+
+if __name__ == "__main__":
+    main()
