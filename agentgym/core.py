@@ -200,7 +200,9 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         messages = self._reset_task(task)
         self._state = "running"
         self._last_messages = messages
-        info: dict[str, Any] = {"task_id": task.task_id, "task_type": task.task_type, "metrics": {}}
+        info: dict[str, Any] = {"task_id": task.task_id, "task_type": task.task_type, "metrics": {},
+                                "tools": self.tools.specs() if len(self.tools) else [],
+                                "parser": self.parser.name}
         adm = self.admissible_actions()
         if adm is not None:
             info["admissible_actions"] = adm
@@ -226,6 +228,7 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
             info["success"] = False
         info["task_id"] = self.task.task_id if self.task else None
         info["tool_calls"] = parsed.tool_calls
+        info["command"] = parsed.command
         info["metrics"] = dict(self.metrics)
         if terminated or result.truncated:
             self._state = "done"

@@ -27,7 +27,9 @@ Three cases stay distinct (STYLE.md, principle 12):
     │   ├── PolicyClientError         4xx from a server: the request is wrong, retrying won't help
     │   ├── PolicyServerError         5xx, dead server or malformed response, after bounded retries
     │   └── ContextLengthExceeded     the prompt does not fit the model's context
-    └── TokenizationError             the chat template breaks the prefix property (drift)
+    ├── TokenizationError             the chat template breaks the prefix property (drift)
+    ├── TrainingDataError             a trajectory's token bookkeeping is inconsistent (lengths differ)
+    └── WeightSyncError               a weight update cannot be applied (version not newer, bad delta)
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ __all__ = [
     "SandboxUnavailable",
     "TaskNotFound",
     "TokenizationError",
+    "TrainingDataError",
     "UnknownEnvError",
     "ValidationError",
+    "WeightSyncError",
 ]
 
 
@@ -72,10 +76,14 @@ class DependencyNotInstalled(ConfigurationError, ImportError):
     def __init__(self, feature: str, package: str, extra: str = "") -> None:
         self.feature = feature
         self.package = package
+        self.extra = extra
         msg = f"{feature} needs {package}, which is not installed. Install it with: pip install {package}"
         if extra:
             msg += f". {extra}"
         super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:  # pickles (envs in processes) with the same message
+        return (type(self), (self.feature, self.package, self.extra))
 
 
 class UnknownEnvError(ConfigurationError, KeyError):
@@ -92,6 +100,9 @@ class UnknownEnvError(ConfigurationError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.env_id, self.suggestions))
 
 
 class ValidationError(ConfigurationError):
@@ -147,3 +158,11 @@ class ContextLengthExceeded(PolicyError, ValueError):
 
 class TokenizationError(AgentGymError, ValueError):
     """The chat template does not satisfy the prefix property, so token-in/token-out would drift."""
+
+
+class TrainingDataError(AgentGymError, ValueError):
+    """A trajectory cannot be turned into training data: token, logprob or version lengths disagree."""
+
+
+class WeightSyncError(AgentGymError, ValueError):
+    """A weight update was refused: its version is not newer than the served one, or it does not fit."""

@@ -1,60 +1,165 @@
-"""``HFPolicy``: a transformers causal LM behind the async Policy contract (CPU by default).
+"""``HFPolicy``: a transformers causal LM behind the async Policy contract, with continuous batching.
 
-Requests are batched with left padding; every row keeps its own sampling settings (temperature,
-top-k, top-p, ``max_tokens``, stop strings) inside one ``generate`` call. The logprob returned for
-each sampled token is the model's own log-probability at temperature 1, before temperature, top-k
-and top-p (what vLLM returns by default), which is what the trainer recomputes.
+One decode loop runs in a background thread and owns the model. :meth:`HFPolicy.generate` only
+enqueues rows (one per sample) and awaits them, so concurrent calls from many episodes *join the
+running batch* at the next step instead of waiting for it to finish:
 
-Requests with a ``seed`` run one row at a time and are reproducible (sample ``j`` of ``n`` uses
-``seed + j``). Generation runs in a worker thread so the event loop keeps stepping envs; each call has a deadline
-(``timeout_s``) after which the batch is stopped and :class:`~agentgym.errors.PolicyTimeout` raised.
+1. Rows that arrived since the last step are prefilled together (left-padded) and their KV caches
+   are merged into the running batch (left-padded to a common length).
+2. One decode step runs for every active row (``[B, 1]`` input, per-row attention mask and
+   positions), then each row samples its next token with its own settings (temperature, top-k,
+   top-p, greedy; a seeded row draws from its own ``torch.Generator``, so it is reproducible even
+   in a batch up to batch-dependent float rounding).
+3. Finished rows (EOS, stop string, ``max_tokens``, abort, deadline) leave the batch; their cache
+   rows are dropped and all-padding columns trimmed.
+
+The logprob returned for each sampled token is the model's own log-probability at temperature 1,
+before temperature, top-k and top-p (what vLLM returns by default), which is what the trainer
+recomputes. Weight updates are applied between decode steps; every token records the weight
+version it was sampled under, so a generation that spans an update reports one version per token.
+``abort()`` ends in-flight rows early with ``finish_reason="abort"`` and the tokens so far (the
+rollout resumes them).
+
+On CPUs with native bf16 (AMX / AVX512-BF16) ``dtype="auto"`` loads bfloat16 (several times faster
+than fp32 there); elsewhere float32.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.errors import ConfigurationError, DependencyNotInstalled, PolicyError, PolicyTimeout
-from agentgym.policy import Generation, GenRequest, SamplingParams
+from agentgym.policy import (
+    Capabilities,
+    Generation,
+    GenRequest,
+    PolicyLifecycle,
+    SamplingParams,
+    describe_policy,
+)
 
-from ._common import PreparedPrompt, Truncation, cut_at_stop, prepare_prompts
+from ._common import Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
 from .weights import apply_update, check_version
 
-__all__ = ["HFPolicy"]
+__all__ = ["HFPolicy", "cpu_has_native_bf16"]
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16", "auto": "auto"}
 
 
-@dataclass
+def cpu_has_native_bf16() -> bool:
+    """True if this CPU has bf16 matrix instructions (AMX or AVX512-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+@dataclass(eq=False)
 class _Row:
-    req_index: int
+    """One sample in flight (a request with ``n`` samples has ``n`` rows)."""
+
     prompt: list[int]
     sampling: SamplingParams
     max_tokens: int
-    seed: int | None = None  # sample j of a seeded request uses seed + j
+    generator: Any  # torch.Generator for seeded rows, else None
+    future: asyncio.Future[Generation]
+    loop: asyncio.AbstractEventLoop
+    request_id: str = ""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    finish: str | None = None  # set when the row is done
+    cancelled: bool = False  # the caller gave up (deadline, cancellation): drop silently
+    aborted: bool = False  # abort(): finish with what we have
+    error: BaseException | None = None
 
 
-class HFPolicy:
-    """A transformers model as a :class:`~agentgym.policy.TokenPolicy`.
+class _Cache:
+    """The running batch's KV cache: per layer ``[B, H, T, D]`` keys and values, left-padded.
+
+    Wraps a transformers ``DynamicCache`` (rebuilt only when rows join).
+    """
+
+    def __init__(self) -> None:
+        self.cache: Any = None
+        self.mask: Any = None  # [B, T] 1 on real positions
+        self.positions: Any = None  # [B] position id of the next token
+
+    @staticmethod
+    def layers_of(cache: Any) -> list[tuple[Any, Any]]:
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def merge(self, new_cache: Any, new_mask: Any, new_pos: Any) -> None:
+        import torch
+        import torch.nn.functional as F
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache, self.mask, self.positions = new_cache, new_mask, new_pos
+            return
+        old_layers, new_layers = self.layers_of(self.cache), self.layers_of(new_cache)
+        t_old, t_new = self.mask.shape[1], new_mask.shape[1]
+        t = max(t_old, t_new)
+        merged = DynamicCache()
+        for i, ((ko, vo), (kn, vn)) in enumerate(zip(old_layers, new_layers, strict=True)):
+            ko, vo = F.pad(ko, (0, 0, t - t_old, 0)), F.pad(vo, (0, 0, t - t_old, 0))
+            kn, vn = F.pad(kn, (0, 0, t - t_new, 0)), F.pad(vn, (0, 0, t - t_new, 0))
+            merged.update(torch.cat([ko, kn]), torch.cat([vo, vn]), i)
+        self.mask = torch.cat([F.pad(self.mask, (t - t_old, 0)), F.pad(new_mask, (t - t_new, 0))])
+        self.positions = torch.cat([self.positions, new_pos])
+        self.cache = merged
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (batch indices); trim all-padding columns on the left."""
+        import torch
+
+        if not rows:
+            self.cache = self.mask = self.positions = None
+            return
+        idx = torch.tensor(rows, dtype=torch.long)
+        self.cache.batch_select_indices(idx)
+        self.mask = self.mask.index_select(0, idx)
+        self.positions = self.positions.index_select(0, idx)
+        used = self.mask.any(dim=0).nonzero()
+        first = int(used[0]) if used.numel() else self.mask.shape[1]
+        if first > 0:
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, first:, :]
+                layer.values = layer.values[:, :, first:, :]
+            self.mask = self.mask[:, first:]
+
+
+class HFPolicy(PolicyLifecycle):
+    """A transformers model as a :class:`~agentgym.policy.TokenPolicy` (continuous batching on CPU or GPU).
 
     Args:
         model: Known short name (``smollm2-135m-instruct``), local folder or HF hub id.
         policy_id: Tag written on every turn this policy generates.
         device: Torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``...).
-        dtype: ``"float32"`` (CPU default), ``"bfloat16"``, ``"float16"`` or ``"auto"``.
-        max_batch_size: Rows per ``generate`` call (requests x n are split into chunks).
+        dtype: ``"auto"`` (bf16 on CPUs with native bf16 and on GPUs, else fp32), ``"float32"``,
+            ``"bfloat16"`` or ``"float16"``.
+        max_batch_size: Rows decoded at once; more wait in the queue and join as rows finish.
         context_length: Override the model's context (default: ``max_position_embeddings``).
         truncation: ``"error"`` raises ContextLengthExceeded for an over-long prompt; ``"left"``
             drops its oldest tokens.
         timeout_s: Deadline of one :meth:`generate` call.
         on_mismatch: Passed to :class:`~agentgym.policies.session.TokenizerChatSession`.
+        seed: Seeds the generator of unseeded rows (the global torch RNG is never touched).
     """
+
+    capabilities = Capabilities(sessions=True, weight_updates=True, abort=True)
 
     def __init__(
         self,
@@ -62,12 +167,15 @@ class HFPolicy:
         *,
         policy_id: str = "hf",
         device: str = "cpu",
-        dtype: str = "float32",
-        max_batch_size: int = 16,
+        dtype: str = "auto",
+        max_batch_size: int = 32,
         context_length: int | None = None,
         truncation: Truncation = "error",
         timeout_s: float = 600.0,
         on_mismatch: OnMismatch = "raise",
+        seed: int = 0,
+        _model: Any = None,
+        _tokenizer: Any = None,
     ) -> None:
         try:
             import torch
@@ -83,14 +191,22 @@ class HFPolicy:
         if max_batch_size < 1:
             raise ConfigurationError("max_batch_size must be >= 1")
         self.policy_id = policy_id
-        self.model_path = resolve_model(model)
-        self.tokenizer = load_tokenizer(self.model_path)
-        torch_dtype: Any = "auto" if _DTYPES[dtype] == "auto" else getattr(torch, _DTYPES[dtype])
-        try:
-            self.model: Any = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
-        except OSError as e:
-            raise ConfigurationError(f"cannot load model {model!r} from {self.model_path}: {e}") from e
-        self.model = self.model.to(device).eval()  # type: ignore[arg-type]
+        if _model is not None:
+            self.model_path = str(getattr(_model, "name_or_path", "") or "<in-memory model>")
+            self.tokenizer = _tokenizer
+            self.model: Any = _model
+        else:
+            self.model_path = resolve_model(model)
+            self.tokenizer = load_tokenizer(self.model_path)
+            name = _DTYPES[dtype]
+            if name == "auto":
+                name = "bfloat16" if (str(device).startswith("cuda") or cpu_has_native_bf16()) else "float32"
+            try:
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path,
+                                                                              dtype=getattr(torch, name))
+            except OSError as e:
+                raise ConfigurationError(f"cannot load model {model!r} from {self.model_path}: {e}") from e
+            self.model = self.model.to(device).eval()  # type: ignore[arg-type]
         self.device = device
         self.max_batch_size = max_batch_size
         self.truncation: Truncation = truncation
@@ -98,38 +214,104 @@ class HFPolicy:
         self.on_mismatch: OnMismatch = on_mismatch
         cfg_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.context_length = int(context_length or cfg_len)
-        eos = self.model.generation_config.eos_token_id
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config is not None else None
         if eos is None:
             eos = self.tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.weight_version = 0
-        self._lock = threading.Lock()
+        self._rng = torch.Generator(device="cpu").manual_seed(seed)
+        self._lock = threading.Lock()  # held by the decode loop during a step, and by weight updates
+        self._inbox: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
+        self._active: list[_Row] = []
+        self._outstanding: set[_Row] = set()  # rows enqueued and not yet delivered (guarded by _out_lock)
+        self._out_lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._cache = _Cache()
+        self._ids = itertools.count()
+        self.steps = 0  # decode steps run (for tests and benchmarks)
+        self.batch_sizes: list[int] = []  # rows in each decode step (for tests and benchmarks)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, **kwargs: Any) -> HFPolicy:
+        """Serve an already-loaded model (e.g. the trainer's own) without loading weights again."""
+        device = str(next(model.parameters()).device)
+        return cls(device=device, _model=model, _tokenizer=tokenizer, **kwargs)
 
     # ---------------------------------------------------------------- contract
     def new_session(self) -> TokenizerChatSession:
         """A token-exact chat session over this model's tokenizer."""
         return TokenizerChatSession(self.tokenizer, on_mismatch=self.on_mismatch)
 
+    def describe(self) -> dict[str, Any]:
+        return describe_policy(self, backend="transformers (continuous batching)", model_path=str(self.model_path),
+                               device=str(self.device), dtype=str(self.model.dtype).replace("torch.", ""),
+                               weight_version=self.weight_version, context_length=self.context_length,
+                               max_batch_size=self.max_batch_size)
+
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
-        """Generate ``n`` completions per request (request-major order)."""
+        """Generate ``n`` completions per request (request-major order); joins the running batch."""
         if not requests:
             return []
+        if self._closed:
+            raise PolicyError("this HFPolicy was closed; create a new one")
+        import torch
+
         prompts = prepare_prompts(self.tokenizer, requests, self.context_length, self.truncation)
-        cancel = threading.Event()
-        task = asyncio.ensure_future(asyncio.to_thread(self._generate_sync, list(requests), prompts, cancel))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a timed-out batch's error is not lost noise
+        loop = asyncio.get_running_loop()
+        rows: list[_Row] = []
+        for req, p in zip(requests, prompts, strict=True):
+            for j in range(req.n):
+                seed = req.sampling.seed
+                gen = None if seed is None else torch.Generator(device="cpu").manual_seed(int(seed) + j)
+                rows.append(_Row(list(p.ids), req.sampling, p.max_tokens, gen, loop.create_future(), loop,
+                                 request_id=req.request_id, stop=[s for s in (req.sampling.stop or []) if s]))
+        self._ensure_thread()
+        for r in rows:
+            if r.max_tokens <= 0:
+                r.future.set_result(self._result(r, "length"))
+            else:
+                with self._out_lock:
+                    self._outstanding.add(r)
+                self._inbox.put(r)
         try:
-            return await asyncio.wait_for(asyncio.shield(task), timeout=self.timeout_s)
+            return list(await asyncio.wait_for(asyncio.gather(*(r.future for r in rows)), timeout=self.timeout_s))
         except asyncio.TimeoutError:
-            cancel.set()
+            for r in rows:
+                r.cancelled = True
             raise PolicyTimeout(
                 f"HFPolicy.generate exceeded timeout_s={self.timeout_s:g}s for {len(requests)} request(s); "
-                "raise timeout_s or lower max_tokens"
-            ) from None
-        except asyncio.CancelledError:
-            cancel.set()
+                "raise timeout_s or lower max_tokens") from None
+        except BaseException:
+            for r in rows:
+                r.cancelled = True
             raise
+
+    def abort(self, request_ids: Sequence[str] | None = None) -> int:
+        """End in-flight rows (all, or those of ``request_ids``) with ``finish_reason="abort"``.
+
+        Returns:
+            How many rows were marked (queued rows not yet started are aborted too, with no tokens).
+        """
+        wanted = None if request_ids is None else set(request_ids)
+        n = 0
+        with self._out_lock:
+            rows = list(self._outstanding)
+        for r in rows:
+            if r.finish is None and not r.aborted and (wanted is None or r.request_id in wanted):
+                r.aborted = True
+                n += 1
+        return n
+
+    async def aclose(self) -> None:
+        """Stop the decode loop; pending generations fail with PolicyError."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 60)
 
     # ----------------------------------------------------------------- weights
     def state_dict(self) -> dict[str, Any]:
@@ -137,7 +319,7 @@ class HFPolicy:
         return dict(self.model.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any], version: int | None = None, strict: bool = True) -> None:
-        """Load full weights (waits for the batch in flight) and optionally bump the version."""
+        """Load full weights between decode steps and optionally bump the version."""
         with self._lock:
             if version is not None:
                 check_version(self.weight_version, version)
@@ -149,7 +331,10 @@ class HFPolicy:
                 self.weight_version = version
 
     def update_weights(self, update: Any, version: int) -> list[str]:
-        """Apply full tensors or a delta (see :mod:`agentgym.policies.weights`) between batches.
+        """Apply full tensors or a delta (see :mod:`agentgym.policies.weights`) between decode steps.
+
+        Tokens sampled after this returns carry ``version``; rows in flight keep going on the new
+        weights with per-token versions.
 
         Returns:
             The names of the tensors that changed.
@@ -165,187 +350,204 @@ class HFPolicy:
         """:meth:`update_weights` without blocking the event loop."""
         return await asyncio.to_thread(self.update_weights, update, version)
 
-    # --------------------------------------------------------------- internals
-    def _generate_sync(self, requests: list[GenRequest], prompts: list[PreparedPrompt], cancel: threading.Event) -> list[Generation]:
-        rows: list[_Row] = []
-        for i, (req, p) in enumerate(zip(requests, prompts, strict=True)):
-            seed = req.sampling.seed
-            rows += [_Row(i, p.ids, req.sampling, p.max_tokens, None if seed is None else seed + j) for j in range(req.n)]
-        results: list[Generation | None] = [None] * len(rows)
-        with self._lock:
-            version = self.weight_version
-            # seeded rows run alone (reproducible); the rest in chunks of max_batch_size
-            plain = [k for k, r in enumerate(rows) if r.seed is None and r.max_tokens > 0]
-            seeded = [[k] for k, r in enumerate(rows) if r.seed is not None and r.max_tokens > 0]
-            chunks = [plain[j : j + self.max_batch_size] for j in range(0, len(plain), self.max_batch_size)]
-            for k, r in enumerate(rows):
-                if r.max_tokens == 0:
-                    results[k] = Generation(text="", finish_reason="length", weight_version=version, prompt_token_ids=list(r.prompt))
-            for chunk in chunks + seeded:
-                if cancel.is_set():
-                    break
-                for k, gen in zip(chunk, self._run_batch([rows[k] for k in chunk], version, cancel), strict=True):
-                    results[k] = gen
-        if cancel.is_set() or any(g is None for g in results):
-            raise PolicyTimeout("HFPolicy generation was cancelled at its deadline")
-        return [g for g in results if g is not None]
+    # --------------------------------------------------------------- the loop
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=f"hf-{self.policy_id}", daemon=True)
+            self._thread.start()
 
-    def _run_batch(self, rows: list[_Row], version: int, cancel: threading.Event) -> list[Generation]:
+    def _run(self) -> None:
         import torch
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        stop = False
+        while not stop:
+            try:
+                if not self._active:
+                    first = self._inbox.get()  # idle: block until work arrives
+                    if first is None:
+                        break
+                    pending = [first]
+                else:
+                    pending = []
+                while len(self._active) + len(pending) < self.max_batch_size:
+                    try:
+                        nxt = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        stop = True
+                        break
+                    pending.append(nxt)
+                pending = [r for r in pending if not self._skip(r)]
+                with self._lock, torch.inference_mode():
+                    logits: list[Any] = []
+                    if self._active:
+                        logits.append(self._decode_step())
+                    if pending:
+                        logits.append(self._prefill(pending))
+                        self._active += pending
+                    if logits:
+                        self._sample(torch.cat(logits) if len(logits) > 1 else logits[0])
+                self._retire()
+            except Exception as e:  # a failing step fails its rows, never the loop
+                for r in self._active:
+                    r.error = e
+                    r.finish = "error"
+                self._cache = _Cache()
+                self._retire()
+        for r in self._active:
+            r.error = PolicyError("HFPolicy was closed")
+            r.finish = "error"
+        self._retire()
+        while True:
+            try:
+                r2 = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if r2 is not None:
+                self._deliver(r2, PolicyError("HFPolicy was closed"))
+
+    def _skip(self, r: _Row) -> bool:
+        if r.cancelled:
+            return True
+        if r.aborted:
+            self._deliver(r, self._result(r, "abort"))
+            return True
+        return False
+
+    def _prefill(self, rows: list[_Row]) -> Any:
+        """Forward the new rows' prompts (left-padded); merge their caches; return last logits ``[N, V]``."""
+        import torch
+        from transformers import DynamicCache
 
         width = max(len(r.prompt) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for b, r in enumerate(rows):
-            ids[b, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-            mask[b, width - len(r.prompt) :] = 1
-        recorder = _LogprobRecorder()
-        warper = _RowWarper(rows)
-        stopper = _RowStopper(rows, width, self.tokenizer, cancel)
-        gen_cfg = GenerationConfig(
-            do_sample=True,
-            max_new_tokens=max(r.max_tokens for r in rows),
-            eos_token_id=sorted(self.eos_ids),
-            pad_token_id=self.pad_id,
-            bos_token_id=self.model.generation_config.bos_token_id,
-        )
-        seed = rows[0].seed if len(rows) == 1 else None
-        devices = [torch.device(self.device)] if str(self.device).startswith("cuda") else []
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
-            if seed is not None:
-                torch.manual_seed(seed)
-            try:
-                out = self.model.generate(
-                    input_ids=ids.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    generation_config=gen_cfg,
-                    logits_processor=LogitsProcessorList([recorder, warper]),
-                    stopping_criteria=StoppingCriteriaList([stopper]),
-                )
-            except RuntimeError as e:
-                raise PolicyError(f"HF generate failed: {e}") from e
-        seqs: Any = out if isinstance(out, torch.Tensor) else out.sequences
-        seqs = seqs.cpu()
-        logprobs = recorder.finish(seqs[:, -1]) if recorder.steps else torch.zeros((len(rows), 0))
-        gens: list[Generation] = []
-        for b, r in enumerate(rows):
-            new = seqs[b, width:].tolist()
-            eos_cut = next((t + 1 for t, tok in enumerate(new) if tok in self.eos_ids), None)
-            s_len = stopper.stopped_at[b]
-            if eos_cut is not None and (s_len is None or eos_cut <= s_len):
-                cut, reason = eos_cut, "stop"
-            elif s_len is not None:
-                cut, reason = s_len, stopper.reason[b] or "length"
-            else:
-                cut, reason = min(len(new), r.max_tokens), "length"
-            toks = new[:cut]
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
-            text, _ = cut_at_stop(text, r.sampling.stop)
-            lps = [float(x) for x in logprobs[b, :cut].tolist()] if r.sampling.logprobs else []
-            gens.append(Generation(text=text, token_ids=toks, logprobs=lps, finish_reason=reason,
-                                   weight_version=version, prompt_token_ids=list(r.prompt)))
-        return gens
+            ids[b, width - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
+            mask[b, width - len(r.prompt):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        dev = self.device
+        out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._cache.merge(out.past_key_values, mask, mask.sum(-1))
+        return out.logits[:, -1, :].float()
 
-
-class _LogprobRecorder:
-    """First logits processor: keeps log_softmax of the raw logits; gathers the sampled token next step."""
-
-    def __init__(self) -> None:
-        self.prev: Any = None
-        self.cols: list[Any] = []
-        self.steps = 0
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
+    def _decode_step(self) -> Any:
+        """One token for every active row; returns logits ``[B, V]``."""
         import torch
 
-        if self.prev is not None:
-            self.cols.append(self.prev.gather(1, input_ids[:, -1:].to(self.prev.device)).squeeze(1).cpu())
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        c = self._cache
+        last = torch.tensor([[r.tokens[-1]] for r in self._active], dtype=torch.long)
+        c.mask = torch.cat([c.mask, torch.ones((c.mask.shape[0], 1), dtype=c.mask.dtype)], dim=1)
+        dev = self.device
+        out = self.model(input_ids=last.to(dev), attention_mask=c.mask.to(dev), position_ids=c.positions.view(-1, 1).to(dev),
+                         past_key_values=c.cache, use_cache=True)
+        c.cache = out.past_key_values
+        c.positions = c.positions + 1
+        return out.logits[:, -1, :].float()
+
+    def _sample(self, logits: Any) -> None:
+        """Sample one token per active row from ``logits [B, V]`` (row order == self._active)."""
+        import torch
+
+        rows = self._active
         self.steps += 1
-        return scores
-
-    def finish(self, last_tokens: Any) -> Any:
-        import torch
-
-        self.cols.append(self.prev.gather(1, last_tokens.view(-1, 1).to(self.prev.device)).squeeze(1).cpu())
-        self.prev = None
-        return torch.stack(self.cols, dim=1)
-
-
-class _RowWarper:
-    """Per-row temperature, top-k and top-p (temperature 0 = greedy)."""
-
-    def __init__(self, rows: list[_Row]) -> None:
-        self.temps = [r.sampling.temperature for r in rows]
-        self.top_k = [r.sampling.top_k for r in rows]
-        self.top_p = [r.sampling.top_p for r in rows]
-        self.trivial = all(t == 1.0 for t in self.temps) and all(k <= 0 for k in self.top_k) and all(p >= 1.0 for p in self.top_p)
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        if self.trivial:
-            return scores
-        scores = scores.float().clone()
-        neg = torch.finfo(scores.dtype).min
-        temps = torch.tensor(self.temps, dtype=scores.dtype, device=scores.device)
+        self.batch_sizes.append(len(rows))
+        logp = torch.log_softmax(logits, dim=-1)  # [B, V] raw logprobs, before any warping
+        temps = torch.tensor([r.sampling.temperature for r in rows], dtype=logits.dtype)
         greedy = temps <= 0
+        chosen = torch.empty(len(rows), dtype=torch.long)
         if bool(greedy.any()):
-            best = scores.argmax(dim=-1, keepdim=True)
-            onehot = torch.full_like(scores, neg).scatter_(1, best, 0.0)
-            scores = torch.where(greedy.unsqueeze(1), onehot, scores)
-        scale = torch.where(greedy | (temps == 1.0), torch.ones_like(temps), temps)
-        scores = scores / scale.unsqueeze(1)
-        for b in range(scores.shape[0]):
-            if bool(greedy[b]):
+            chosen[greedy] = logits[greedy].argmax(-1)
+        samp = (~greedy).nonzero().view(-1).tolist()
+        if samp:
+            sl = logits[samp] / temps[samp].unsqueeze(1)
+            neg = torch.finfo(sl.dtype).min
+            ks = [rows[i].sampling.top_k for i in samp]
+            ps = [rows[i].sampling.top_p for i in samp]
+            if any(0 < k < sl.shape[1] for k in ks):
+                for j, k in enumerate(ks):
+                    if 0 < k < sl.shape[1]:
+                        kth = torch.topk(sl[j], k).values[-1]
+                        sl[j].masked_fill_(sl[j] < kth, neg)
+            if any(p < 1.0 for p in ps):
+                for j, p in enumerate(ps):
+                    if p < 1.0:
+                        vals, order = torch.sort(sl[j], descending=True)
+                        probs = torch.softmax(vals, dim=-1)
+                        drop = probs.cumsum(-1) - probs > p  # keep the smallest set reaching p
+                        sl[j, order[drop]] = neg
+            probs = torch.softmax(sl, dim=-1)
+            shared = [j for j, i in enumerate(samp) if rows[i].generator is None]
+            if shared:
+                picks = torch.multinomial(probs[shared], 1, generator=self._rng).view(-1)
+                for j, t in zip(shared, picks.tolist(), strict=True):
+                    chosen[samp[j]] = t
+            for j, i in enumerate(samp):
+                g = rows[i].generator
+                if g is not None:
+                    chosen[i] = torch.multinomial(probs[j], 1, generator=g)
+        lps = logp.gather(1, chosen.view(-1, 1)).view(-1).tolist()
+        version = self.weight_version
+        for r, t, lp in zip(rows, chosen.tolist(), lps, strict=True):
+            r.tokens.append(int(t))
+            if r.sampling.logprobs:
+                r.logprobs.append(float(lp))
+            r.versions.append(version)
+            if int(t) in self.eos_ids or (r.stop and self._hit_stop(r)):
+                r.finish = "stop"
+            elif len(r.tokens) >= r.max_tokens:
+                r.finish = "length"
+            elif r.aborted:
+                r.finish = "abort"
+            elif r.cancelled:
+                r.finish = "cancelled"
+
+    def _hit_stop(self, r: _Row) -> bool:
+        tail_len = max(len(s) for s in r.stop) + 8
+        tail = self.tokenizer.decode(r.tokens[-tail_len:], skip_special_tokens=True)
+        return any(s in tail for s in r.stop)
+
+    def _retire(self) -> None:
+        """Deliver finished rows and drop them from the batch."""
+        keep: list[int] = []
+        for i, r in enumerate(self._active):
+            if r.finish is None and r.aborted:
+                r.finish = "abort"
+            if r.finish is None and not r.cancelled:
+                keep.append(i)
                 continue
-            row = scores[b]
-            k = self.top_k[b]
-            if 0 < k < row.numel():
-                kth = torch.topk(row, k).values[-1]
-                row.masked_fill_(row < kth, neg)
-            p = self.top_p[b]
-            if p < 1.0:
-                sorted_vals, order = torch.sort(row, descending=True)
-                probs = torch.softmax(sorted_vals, dim=-1)
-                drop = probs.cumsum(-1) - probs > p  # keep the smallest set reaching p
-                row[order[drop]] = neg
-        return scores
+            if r.error is not None:
+                self._deliver(r, r.error if isinstance(r.error, PolicyError) else PolicyError(f"HF generation failed: {r.error}"))
+            elif not r.cancelled:
+                self._deliver(r, self._result(r, r.finish or "length"))
+        if len(keep) != len(self._active):
+            self._active = [self._active[i] for i in keep]
+            if self._cache.cache is not None:
+                self._cache.keep(keep)
 
+    def _result(self, r: _Row, reason: str) -> Generation:
+        text = self.tokenizer.decode(r.tokens, skip_special_tokens=True) if r.tokens else ""
+        text, _ = cut_at_stop(text, r.stop)
+        versions = list(r.versions)
+        wv: int | list[int] = versions[0] if versions and len(set(versions)) == 1 else (versions or self.weight_version)
+        return Generation(text=text, token_ids=list(r.tokens), logprobs=list(r.logprobs), finish_reason=reason,
+                          weight_version=wv, prompt_token_ids=list(r.prompt))
 
-class _RowStopper:
-    """Per-row max_tokens and stop strings; all rows stop when the deadline's event is set."""
+    def _deliver(self, r: _Row, value: Generation | BaseException) -> None:
+        with self._out_lock:
+            self._outstanding.discard(r)
 
-    def __init__(self, rows: list[_Row], prompt_width: int, tokenizer: Any, cancel: threading.Event) -> None:
-        self.max_tokens = [r.max_tokens for r in rows]
-        self.stops = [[s for s in (r.sampling.stop or []) if s] for r in rows]
-        self.tail = max([len(s) for ss in self.stops for s in ss] or [0]) + 8
-        self.width = prompt_width
-        self.tokenizer = tokenizer
-        self.cancel = cancel
-        self.stopped_at: list[int | None] = [None] * len(rows)
-        self.reason: list[str | None] = [None] * len(rows)
+        def _set() -> None:
+            if r.future.done():
+                return
+            if isinstance(value, BaseException):
+                r.future.set_exception(value)
+            else:
+                r.future.set_result(value)
 
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
+        with contextlib.suppress(RuntimeError):  # the caller's loop is gone
+            r.loop.call_soon_threadsafe(_set)
 
-        n = input_ids.shape[1] - self.width
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        if self.cancel.is_set():
-            return done | True
-        for b in range(input_ids.shape[0]):
-            if self.stopped_at[b] is not None:
-                done[b] = True
-                continue
-            if self.stops[b]:
-                tail = self.tokenizer.decode(input_ids[b, max(self.width, input_ids.shape[1] - self.tail) :].tolist(),
-                                             skip_special_tokens=True)
-                if any(s in tail for s in self.stops[b]):
-                    self.stopped_at[b], self.reason[b] = n, "stop"
-                    done[b] = True
-                    continue
-            if n >= self.max_tokens[b]:
-                self.stopped_at[b], self.reason[b] = n, "length"
-                done[b] = True
-        return done

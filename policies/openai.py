@@ -31,7 +31,7 @@ from agentgym.errors import (
     PolicyServerError,
     PolicyTimeout,
 )
-from agentgym.policy import Generation, GenRequest
+from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle, describe_policy
 from agentgym.types import ToolCall
 
 __all__ = ["OpenAIPolicy"]
@@ -46,7 +46,7 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(PolicyLifecycle):
     """A policy that calls an OpenAI-compatible HTTP server.
 
     Args:
@@ -61,7 +61,9 @@ class OpenAIPolicy:
         max_concurrency: Requests in flight at once.
         vllm_extras: Ask for ``return_token_ids``/``top_k`` (vLLM, SGLang); off for hosted APIs.
         extra_body: Extra JSON fields merged into every request body.
-        weight_version: Reported on each Generation (the server's weights are not ours to track).
+        weight_version: The version reported on each Generation unless the server reports its own: a
+            response header ``X-Weight-Version`` or a top-level ``weight_version`` field (what
+            a proxy in front of the server may set).
         tokenizer: The served model's tokenizer (an HF tokenizer, or a name/folder for
             :func:`~agentgym.policies.models.load_tokenizer`). With it, :meth:`new_session` keeps
             token-exact sessions whose ids go to ``/completions``.
@@ -102,8 +104,8 @@ class OpenAIPolicy:
         self.extra_body = dict(extra_body or {})
         self.weight_version = weight_version
         self.tokenizer = tokenizer
-        if tokenizer is not None:  # only then is this a TokenPolicy (the rollout checks for new_session)
-            self.new_session = self._new_session
+        # token-exact sessions only with the served model's tokenizer (declared, per instance)
+        self.capabilities = Capabilities(sessions=tokenizer is not None)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -119,7 +121,11 @@ class OpenAIPolicy:
         results = await asyncio.gather(*(self._one(req, model) for req in requests))
         return [g for gens in results for g in gens]
 
-    def _new_session(self) -> Any:
+    def describe(self) -> dict[str, Any]:
+        return describe_policy(self, backend="openai-compatible http", base_url=self.base_url, model=self.model,
+                               weight_version=self.weight_version)
+
+    def new_session(self) -> Any:
         """``new_session()``: a token-exact chat session; its ids go to ``/completions``."""
         from .session import TokenizerChatSession
 
@@ -192,6 +198,7 @@ class OpenAIPolicy:
             return [Generation(text="", finish_reason="length", weight_version=self.weight_version,
                                prompt_token_ids=req.prompt_token_ids) for _ in range(req.n)]
         data = await self._call("POST", path, body)
+        served = data.pop("_weight_version", None)
         try:
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
             gens = [self._parse_choice(c, chat=path == "/chat/completions", stop=sp.stop) for c in choices]
@@ -202,6 +209,8 @@ class OpenAIPolicy:
         prompt_ids = data.get("prompt_token_ids") or req.prompt_token_ids
         for g in gens:
             g.prompt_token_ids = list(prompt_ids) if prompt_ids else None
+            if served is not None:
+                g.weight_version = served
         return gens
 
     def _parse_choice(self, c: dict[str, Any], *, chat: bool, stop: list[str] | None) -> Generation:
@@ -279,6 +288,13 @@ class OpenAIPolicy:
             raise _Retryable(f"malformed JSON in the response ({e}): {resp.text[:200]!r}") from e
         if not isinstance(data, dict):
             raise _Retryable(f"expected a JSON object, got {type(data).__name__}: {resp.text[:200]!r}")
+        served = resp.headers.get("x-weight-version", data.get("weight_version"))
+        if served is not None:
+            try:
+                data["_weight_version"] = int(served)
+                self.weight_version = max(self.weight_version, int(served))
+            except (TypeError, ValueError):
+                pass
         return data
 
 

@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentgym.errors import ConfigurationError
-from agentgym.policy import Generation, GenRequest, Policy
+from agentgym.policy import Capabilities, Generation, GenRequest, Policy, PolicyLifecycle, describe_policy
 
 __all__ = ["PolicyMap"]
 
 
-class PolicyMap:
+class PolicyMap(PolicyLifecycle):
     """Maps roles to policies. Itself a Policy that routes each request by ``metadata["role"]``.
 
     Args:
@@ -52,6 +52,19 @@ class PolicyMap:
                 built[spec] = from_spec(spec, **kwargs)
             out[role] = built[spec]
         return cls(out, default=default)
+
+    capabilities = Capabilities()  # a router: use the role's own policy for sessions and weights
+
+    async def aclose(self) -> None:
+        """Close every distinct policy once."""
+        seen: set[int] = set()
+        for pol in self._policies.values():
+            if id(pol) not in seen:
+                seen.add(id(pol))
+                await pol.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        return describe_policy(self, backend="policy map", roles={r: p.describe() for r, p in self._policies.items()})
 
     @property
     def roles(self) -> list[str]:

@@ -1,9 +1,13 @@
-"""Scripted policies: a callable (or the env's expert) behind the async Policy contract.
+"""Scripted policies: a callable behind the async Policy contract, and the env's expert.
 
 A scripted policy is the test twin of a model policy (like httpx's MockTransport): same contract,
 no model. Like the model policies, it cuts its text at the request's stop strings and returns an
-empty completion for ``max_tokens=0``. ``ScriptedPolicy(fn)`` calls ``fn(messages) -> str | Message``; ``ExpertPolicy`` asks the
-env's privileged expert through ``GenRequest.oracle``, which the rollout engine fills in.
+empty completion for ``max_tokens=0``. ``ScriptedPolicy(fn)`` calls ``fn(messages) -> str | Message``.
+
+``ExpertPolicy`` is an *env-side* policy (``capabilities.env_side``): the rollout asks it to act on
+the env itself, through the env's public ``expert_action()`` method, so the expert never travels
+inside a request and model policies never see it. It works for a local env and for an env served
+over HTTP alike.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agentgym.errors import PolicyError
-from agentgym.policy import Generation, GenRequest
+from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle, describe_policy
 from agentgym.types import Message
 
 from ._common import cut_at_stop as _cut_at_stop
@@ -37,8 +41,10 @@ def _to_generation(out: Any, version: int, req: GenRequest | None = None) -> Gen
     raise PolicyError(f"scripted policy returned {type(out).__name__}; expected str or assistant message")
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(PolicyLifecycle):
     """Wraps ``fn(messages) -> str | Message`` (sync or async) as a Policy."""
+
+    capabilities = Capabilities()
 
     def __init__(self, fn: Script, policy_id: str = "scripted", weight_version: int = 0) -> None:
         self.fn = fn
@@ -55,21 +61,39 @@ class ScriptedPolicy:
                 out.append(_to_generation(res, self.weight_version, req))
         return out
 
+    async def aclose(self) -> None:
+        return None
 
-class ExpertPolicy:
-    """The env's privileged expert as a policy. Needs ``GenRequest.oracle`` (set by the rollout)."""
+    def describe(self) -> dict[str, Any]:
+        fn = getattr(self.fn, "__qualname__", repr(self.fn))
+        return describe_policy(self, backend="scripted", function=f"{getattr(self.fn, '__module__', '?')}.{fn}",
+                               weight_version=self.weight_version)
+
+
+class ExpertPolicy(PolicyLifecycle):
+    """The env's privileged expert, acting through the env's public API (an env-side policy)."""
+
+    capabilities = Capabilities(env_side=True)
 
     def __init__(self, policy_id: str = "expert") -> None:
         self.policy_id = policy_id
 
+    def act(self, env: Any) -> str | Message:
+        """The expert's action for ``env``'s current state (``env.expert_action()``, through wrappers)."""
+        try:
+            expert = env.get_wrapper_attr("expert_action") if hasattr(env, "get_wrapper_attr") else env.expert_action
+        except AttributeError:
+            raise PolicyError(f"{type(env).__name__} has no expert_action(); --policy expert needs an env expert") from None
+        action = expert()
+        if action is None:
+            raise PolicyError("this env has no expert (expert_action() returned None)")
+        return action  # type: ignore[no-any-return]
+
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
-        out: list[Generation] = []
-        for req in requests:
-            if req.oracle is None:
-                raise PolicyError("ExpertPolicy needs GenRequest.oracle: run it through agentgym.rollout.")
-            for _ in range(req.n):
-                action = req.oracle()
-                if action is None:
-                    raise PolicyError("this env has no expert (expert_action() returned None)")
-                out.append(_to_generation(action, 0))
-        return out
+        raise PolicyError("ExpertPolicy acts on the env (act(env)); run it through agentgym.rollout, not generate()")
+
+    async def aclose(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return describe_policy(self, backend="env expert")

@@ -40,7 +40,14 @@ from agentgym.errors import (
     PolicyServerError,
     PolicyTimeout,
 )
-from agentgym.policy import Generation, GenRequest, SamplingParams
+from agentgym.policy import (
+    Capabilities,
+    Generation,
+    GenRequest,
+    PolicyLifecycle,
+    SamplingParams,
+    describe_policy,
+)
 
 from ._common import PreparedPrompt, Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
@@ -69,7 +76,7 @@ def vllm_sampling_params(sp: SamplingParams, n: int, max_tokens: int) -> Any:
     )
 
 
-class VLLMPolicy:
+class VLLMPolicy(PolicyLifecycle):
     """In-process vLLM as a :class:`~agentgym.policy.TokenPolicy` that takes weight updates.
 
     Args:
@@ -156,7 +163,18 @@ class VLLMPolicy:
         self.context_length = int(self.engine.model_config.max_model_len)
         _LIVE.add(self)
 
+    capabilities = Capabilities(sessions=True, weight_updates=True)
+
     # ---------------------------------------------------------------- contract
+    def describe(self) -> dict[str, Any]:
+        return describe_policy(self, backend="vllm", model_path=str(self.model_path), weight_version=self.weight_version,
+                               dtype=str(self._engine_args.get("dtype")), context_length=self.context_length,
+                               device="cpu" if self.is_cpu else "gpu")
+
+    async def aclose(self) -> None:
+        """Stop the engine and its processes (idempotent)."""
+        await asyncio.to_thread(self.shutdown)
+
     def new_session(self) -> TokenizerChatSession:
         """A token-exact chat session over this model's tokenizer."""
         return TokenizerChatSession(self.tokenizer, on_mismatch=self.on_mismatch)

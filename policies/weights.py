@@ -9,7 +9,7 @@
 * any object with ``apply_to(state: dict[str, Tensor]) -> Iterable[str]`` that updates the
   tensors in place and returns the changed names (a trainer's own delta type).
 
-Versions are monotonic: an update older than the policy's current version is rejected.
+Versions strictly increase: an update whose version is not newer than the policy's is rejected.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentgym.errors import ConfigurationError
+from agentgym.errors import ConfigurationError, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
@@ -106,11 +106,16 @@ def apply_update(state: dict[str, torch.Tensor], update: Any) -> list[str]:
 
 
 def check_version(current: int, new: int) -> int:
-    """Validate a new weight version (monotonic, non-negative) and return it."""
-    if not isinstance(new, int) or new < 0:
-        raise ConfigurationError(f"weight version must be a non-negative int, got {new!r}")
-    if new < current:
-        raise ConfigurationError(f"weight version {new} is older than the current version {current}; versions are monotonic")
+    """Validate a new weight version (strictly greater than ``current``) and return it.
+
+    Raises:
+        WeightSyncError: ``new`` is not an int, is negative, or is not newer than ``current``.
+    """
+    if not isinstance(new, int) or isinstance(new, bool) or new < 0:
+        raise WeightSyncError(f"weight version must be a non-negative int, got {new!r}")
+    if new <= current:
+        raise WeightSyncError(f"weight version {new} is not newer than the served version {current}; "
+                              "versions strictly increase (publish v+1)")
     return new
 
 

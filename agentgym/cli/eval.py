@@ -243,8 +243,8 @@ def register(app: typer.Typer) -> None:
         retry_errors: Annotated[bool, typer.Option("--retry-errors/--no-retry-errors",
                                                    help="On resume, rerun episodes that ended with an error.")] = True,
         sampling_seeds: Annotated[bool, typer.Option("--sampling-seeds/--no-sampling-seeds",
-                                                     help="Seed every turn's sampling (reproducible; HF then "
-                                                     "runs rows one at a time).")] = True,
+                                                     help="Seed every turn's sampling (reproducible where the "
+                                                     "backend honours seeds).")] = True,
         batch_requests: Annotated[bool, typer.Option("--batch-requests/--no-batch-requests",
                                                      help="Coalesce concurrent turns into batched policy calls.")] = True,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -327,24 +327,22 @@ def register(app: typer.Typer) -> None:
             progress.update(task, completed=done, total=total, succ=succ)
 
         summary: dict[str, Any] | None = None
+
+        async def run_and_close() -> dict[str, Any]:
+            try:
+                return await arun_eval(pol, config, out, progress=on_progress)
+            finally:
+                await pol.aclose()  # the policy's lifecycle: engines, processes, connections
+
         try:
             with progress:
-                summary = asyncio.run(arun_eval(pol, config, out, progress=on_progress))
+                summary = asyncio.run(run_and_close())
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished episodes are in {out}/episodes.jsonl; "
                           "rerun the same command to resume.")
             raise typer.Exit(130) from None
         except AgentGymError as e:
             _fail(str(e))
-        finally:
-            close = getattr(pol, "close", None)
-            if callable(close):
-                try:
-                    res = close()
-                    if asyncio.iscoroutine(res):
-                        asyncio.run(res)
-                except Exception:
-                    pass
         assert summary is not None
         print_summary(summary)
         typer.echo(f"wrote {out}/episodes.jsonl and {out}/summary.json")

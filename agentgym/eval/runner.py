@@ -21,7 +21,7 @@ Output directory:
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import functools
 import json
 import platform
 import sys
@@ -35,14 +35,14 @@ from typing import Any
 import agentgym
 from agentgym.errors import ConfigurationError
 from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
-from agentgym.policy import Policy, SamplingParams
+from agentgym.policy import Policy, SamplingParams, capabilities_of
 from agentgym.rollout.batching import micro_batch
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.episode import TokenMode, uses_tokens
 from agentgym.rollout.jsonl import append_jsonl, iter_jsonl
 from agentgym.rollout.runtime import RolloutLimits, RolloutRuntime
 from agentgym.rollout.workflow import GroupRequest, MultiTurnWorkflow
-from agentgym.types import TaskSpec, Trajectory
+from agentgym.types import TaskSpec, Trajectory, TrajectoryGroup
 
 __all__ = ["EPISODES_FILE", "SUMMARY_FILE", "EvalConfig", "arun_eval", "episode_key", "load_episodes",
            "run_eval", "select_tasks", "summarize"]
@@ -76,10 +76,12 @@ class EvalConfig:
         retry_errors: On resume, rerun episodes that ended with an error.
         policy_spec: The spec string the policy came from (recorded only).
         sampling_seeds: Give every turn a sampling seed derived from (seed, task, sample, turn), so a
-            rerun reproduces the run where the backend honours seeds. (HFPolicy runs seeded rows one
-            at a time; turn this off for throughput.)
+            rerun reproduces the run where the backend honours seeds (HFPolicy draws each seeded row
+            from its own generator inside the running batch; vLLM honours per-request seeds).
         batch_requests: Coalesce concurrent turns into batched policy calls
             (:func:`~agentgym.rollout.batching.micro_batch`).
+        env_workers: ``"thread"`` or ``"process"`` (each env in its own process; a step that
+            overruns ``env_timeout_s`` is killed with it).
     """
 
     envs: list[str]
@@ -102,6 +104,7 @@ class EvalConfig:
     policy_spec: str | None = None
     policy_timeout_s: float = 600.0
     env_timeout_s: float = 300.0
+    env_workers: str = "thread"
     sampling_seeds: bool = True
     batch_requests: bool = True
     split_overrides: dict[str, str] = field(default_factory=dict)
@@ -127,6 +130,8 @@ class EvalConfig:
             raise ConfigurationError(f"--top-p must be in (0, 1], got {self.top_p}.")
         if self.concurrency < 1:
             raise ConfigurationError(f"--concurrency must be >= 1, got {self.concurrency}.")
+        if self.env_workers not in ("thread", "process"):
+            raise ConfigurationError(f"env_workers must be 'thread' or 'process', got {self.env_workers!r}.")
         if self.history_window is not None and self.history_window < 0:
             raise ConfigurationError("--history must be 'full' or a non-negative number of turns.")
         if self.parser is not None:
@@ -147,7 +152,7 @@ class EvalConfig:
     def fingerprint(self) -> dict[str, Any]:
         """Settings that must match to resume into the same directory."""
         d = asdict(self)
-        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s",
+        for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s", "env_workers",
                   "batch_requests"):
             d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
         return d
@@ -196,26 +201,13 @@ def load_episodes(out: str | Path) -> dict[str, Trajectory]:
 
 
 def _describe_policy(policy: Policy, spec: str | None) -> dict[str, Any]:
-    d: dict[str, Any] = {"spec": spec, "policy_id": policy.policy_id,
-                         "class": f"{type(policy).__module__}.{type(policy).__qualname__}",
-                         "token_in_token_out": uses_tokens(policy)}
-    describe = getattr(policy, "describe", None)
-    if callable(describe):
-        try:
-            extra = describe()
-            if isinstance(extra, dict):
-                d.update({k: v for k, v in extra.items() if _jsonable(v)})
-        except Exception as e:  # describing must never break an eval
-            d["describe_error"] = str(e)
-    for attr in ("model_id", "model_name", "model_path", "revision", "dtype", "device", "weight_version",
-                 "backend", "version", "base_url"):
-        v = getattr(policy, attr, None)
-        if v is not None and attr not in d and _jsonable(v):
-            d[attr] = v if isinstance(v, (int, float, bool)) else str(v)
-    tok = getattr(policy, "tokenizer", None)
-    template = getattr(tok, "chat_template", None) if tok is not None else None
-    if isinstance(template, str):
-        d["chat_template_sha1"] = hashlib.sha1(template.encode()).hexdigest()[:12]
+    try:
+        d = dict(policy.describe())
+    except Exception as e:  # describing must never break an eval
+        d = {"policy_id": policy.policy_id, "describe_error": f"{type(e).__name__}: {e}"}
+    d = {k: v for k, v in d.items() if _jsonable(v)}
+    d["spec"] = spec
+    d.setdefault("token_in_token_out", uses_tokens(policy))
     return d
 
 
@@ -227,11 +219,13 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
-def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int) -> dict[str, Any]:
+def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int,
+                  reset_info: dict[str, Any]) -> dict[str, Any]:
     from agentgym.registration import env_entry
 
     e = env_entry(env_id)
     inner = env.unwrapped
+    tools = [t.get("function", {}).get("name") for t in reset_info.get("tools") or [] if isinstance(t, dict)]
     return {
         "id": env_id,
         "version": env_id.rsplit("-v", 1)[-1] if "-v" in env_id else None,
@@ -240,8 +234,8 @@ def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], poo
         "family": e.family,
         "plugin": e.plugin or None,
         "max_episode_steps": getattr(getattr(env, "spec", None), "max_episode_steps", None),
-        "parser": getattr(getattr(inner, "parser", None), "name", None),
-        "tools": list(inner.tools.names) if getattr(inner, "tools", None) is not None else [],
+        "parser": reset_info.get("parser"),
+        "tools": tools,
         "split": split,
         "split_size": pool_size,
         "task_ids": [t.task_id for t in chosen],
@@ -272,24 +266,27 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         raise ConfigurationError(f"an env is listed twice: {config.envs}.")
     _check_resume(out, config)
     t_start = time.monotonic()
-    runtime = RolloutRuntime(max_concurrency=config.concurrency,
-                             env_factory=lambda eid: _make_env(eid, config))
+    runtime = RolloutRuntime(max_concurrency=config.concurrency, env_factory=functools.partial(_make_env, config=config),
+                             env_workers=config.env_workers)  # type: ignore[arg-type]
     protocol: dict[str, Any] = {}
     try:
         envs_proto: dict[str, Any] = {}
         plan: list[tuple[str, int, TaskSpec]] = []
         for env_id in env_ids:
             async with runtime.env(env_id, timeout=config.env_timeout_s) as env:
-                inner = env.unwrapped
-                split = resolve_split(env_id, getattr(inner, "splits", None), config)
-                tasks_fn = getattr(inner, "tasks", None)
-                if not callable(tasks_fn):
-                    raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.")
+                try:  # the env's public API, through wrappers (an env served over HTTP answers the same)
+                    splits = env.get_wrapper_attr("splits")
+                    tasks_fn = env.get_wrapper_attr("tasks")
+                except AttributeError:
+                    raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.") from None
+                split = resolve_split(env_id, splits, config)
                 pool = list(await runtime.call(tasks_fn, split, timeout=config.env_timeout_s))
                 if not pool:
                     raise ConfigurationError(f"{env_id} split {split!r} has no tasks.")
                 chosen = select_tasks(pool, config.tasks)
-                envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool))
+                _, info = await runtime.call(env.reset, seed=0, options={"task_id": chosen[0].task_id},
+                                             timeout=config.env_timeout_s)
+                envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool), dict(info))
                 plan += [(env_id, i, t) for i, t in enumerate(chosen)]
         protocol = _protocol(policy, config, envs_proto)
         (out / RUN_FILE).write_text(json.dumps({"fingerprint": config.fingerprint(), "protocol": protocol},
@@ -312,14 +309,15 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         n_done = total - len(requests)
         if progress is not None:
             progress(n_done, total, None)
-        runner_policy = (micro_batch(policy, max_batch=config.concurrency, runtime=runtime)
-                         if config.batch_requests else policy)
+        batch = config.batch_requests and not capabilities_of(policy).env_side
+        runner_policy = micro_batch(policy, max_batch=config.concurrency, runtime=runtime) if batch else policy
         wf = MultiTurnWorkflow(runner_policy, 1, sampling=config.sampling(), limits=config.limits(),
                                token_mode=config.token_mode, history_window=config.history_window)
         path = out / EPISODES_FILE
 
-        def on_group(req: GroupRequest, trajs: list[Trajectory]) -> None:
+        def on_group(req: GroupRequest, group: TrajectoryGroup) -> None:
             nonlocal n_done
+            trajs = group.trajectories
             for t in trajs:
                 t.info.update(req.info)
                 t.info["eval_key"] = req.info["eval_key"]
@@ -451,7 +449,7 @@ def _block(trajs: list[Trajectory], seeds: Sequence[int], samples: int) -> dict[
     reasons: dict[str, int] = defaultdict(int)
     for t in trajs:
         if t.truncated:
-            reasons[str(t.info.get("truncated_reason", "unknown"))] += 1
+            reasons[str(t.truncated_reason or "unknown")] += 1
     by_type: dict[str, list[bool]] = defaultdict(list)
     by_turns: dict[int, list[bool]] = defaultdict(list)
     for t in trajs:

@@ -7,7 +7,7 @@ that arrive while a batch is running queue up and go out together as the next ba
 batch size adapts to the load without turn-synchronous barriers.
 
 If a batched call raises, each of its requests is retried alone, so one bad request loses only its
-own episode. Token-in/token-out is preserved (``new_session`` is passed through).
+own episode. The wrapped policy's capabilities (sessions, weight updates, abort) pass through.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.policy import ChatSession, Generation, GenRequest, Policy
+from agentgym.errors import ConfigurationError
+from agentgym.policy import Capabilities, ChatSession, Generation, GenRequest, Policy, capabilities_of
 from agentgym.rollout.runtime import RolloutRuntime
 
-__all__ = ["MicroBatcher", "TokenMicroBatcher", "micro_batch"]
+__all__ = ["MicroBatcher", "micro_batch"]
 
 
 class MicroBatcher:
@@ -48,10 +49,41 @@ class MicroBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batch_sizes: list[int] = []
 
-    def __getattr__(self, name: str) -> Any:  # weight_version, tokenizer, describe(), ...
-        if name.startswith("_") or name == "policy":
-            raise AttributeError(name)
-        return getattr(self.policy, name)
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped policy's sessions and weight updates (batching adds none, removes env-side acting)."""
+        caps = capabilities_of(self.policy)
+        return Capabilities(sessions=caps.sessions, weight_updates=caps.weight_updates, abort=caps.abort)
+
+    def new_session(self) -> ChatSession:
+        session: ChatSession = self.policy.new_session()  # type: ignore[attr-defined]
+        return session
+
+    def update_weights(self, update: Any, version: int, **kwargs: Any) -> Any:
+        return self.policy.update_weights(update, version, **kwargs)  # type: ignore[attr-defined]
+
+    def abort(self, request_ids: Any = None) -> Any:
+        return self.policy.abort(request_ids)  # type: ignore[attr-defined]
+
+    @property
+    def weight_version(self) -> int:
+        return int(getattr(self.policy, "weight_version", 0))
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.policy, "tokenizer", None)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.policy.describe(), "micro_batched": True, "max_batch": self.max_batch}
+
+    async def aclose(self) -> None:
+        await self.policy.aclose()
+
+    async def __aenter__(self) -> MicroBatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         loop = asyncio.get_running_loop()
@@ -125,14 +157,6 @@ class MicroBatcher:
             self._schedule()
 
 
-class TokenMicroBatcher(MicroBatcher):
-    """A :class:`MicroBatcher` over a token policy (keeps ``new_session``)."""
-
-    def new_session(self) -> ChatSession:
-        session: ChatSession = self.policy.new_session()  # type: ignore[attr-defined]
-        return session
-
-
 def micro_batch(policy: Policy, max_batch: int = 32, max_wait_s: float | None = None, max_inflight: int = 1,
                 runtime: RolloutRuntime | None = None) -> MicroBatcher:
     """Wrap ``policy`` in the right batcher (token-exact sessions preserved).
@@ -141,6 +165,7 @@ def micro_batch(policy: Policy, max_batch: int = 32, max_wait_s: float | None = 
     for a generation (or ``max_batch`` are), else after ``max_wait_s`` (default 50 ms; 5 ms without
     a runtime, when a batch goes out after the wait or once ``max_batch`` requests queue).
     """
-    cls = TokenMicroBatcher if callable(getattr(policy, "new_session", None)) else MicroBatcher
+    if capabilities_of(policy).env_side:
+        raise ConfigurationError(f"{policy.policy_id!r} acts on the env; there is nothing to batch")
     wait = max_wait_s if max_wait_s is not None else (0.05 if runtime is not None else 0.005)
-    return cls(policy, max_batch, wait, max_inflight, runtime)
+    return MicroBatcher(policy, max_batch, wait, max_inflight, runtime)

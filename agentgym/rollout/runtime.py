@@ -3,6 +3,11 @@
 Envs are plain blocking gymnasium envs. Every ``reset``/``step``/``make``/``close`` goes through
 :meth:`RolloutRuntime.call`, which runs it in a thread pool with a timeout, so the asyncio loop
 (and the policy requests it multiplexes) never stalls on a sandbox, a database or a retriever.
+
+Envs live in the worker threads (``env_workers="thread"``, the default) or each in its own process
+(``env_workers="process"``, :class:`~agentgym.rollout.procenv.ProcessEnv`). A call that exceeds its
+timeout raises :class:`EnvTimeout` either way; in process mode the env's process is also killed, so
+a hung step does not keep running (or holding a sandbox, a lock or memory) in a lost thread.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import gymnasium
 
@@ -41,6 +46,7 @@ class RolloutLimits:
         max_wall_s: Wall-clock seconds per episode (policy calls are cut off at the deadline).
         env_timeout_s: One env reset/step; exceeding it is an env error (the episode is lost).
         policy_timeout_s: One policy call; exceeding it truncates the episode (``policy_timeout``).
+        env_start_timeout_s: Building an env (loading data, starting a sandbox or its process).
     """
 
     max_turns: int | None = None
@@ -48,13 +54,14 @@ class RolloutLimits:
     max_wall_s: float | None = None
     env_timeout_s: float = 300.0
     policy_timeout_s: float = 600.0
+    env_start_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_total_tokens", "max_wall_s"):
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ConfigurationError(f"RolloutLimits.{name} must be positive or None, got {v!r}.")
-        for name in ("env_timeout_s", "policy_timeout_s"):
+        for name in ("env_timeout_s", "policy_timeout_s", "env_start_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"RolloutLimits.{name} must be positive.")
 
@@ -68,6 +75,12 @@ def _default_factory(env_id: str) -> gymnasium.Env[Any, Any]:
     return make(env_id)
 
 
+def _process_env(factory: EnvFactory, env_id: str) -> gymnasium.Env[Any, Any]:
+    from agentgym.rollout.procenv import ProcessEnv
+
+    return ProcessEnv(env_id, factory)
+
+
 class RolloutRuntime:
     """Shared by all episodes of a run: thread pool, env pools and the episode concurrency cap.
 
@@ -77,14 +90,22 @@ class RolloutRuntime:
         env_factory: ``env_id -> env`` (default :func:`agentgym.make`). Called in a worker thread.
         max_workers: Threads for blocking env calls (default: ``max_concurrency``, at least 4).
         reuse_envs: Keep envs in a per-id pool and ``reset`` them for the next episode.
+        env_workers: ``"thread"`` (envs in the worker threads) or ``"process"`` (one child process per
+            env; ``env_factory`` must then be picklable, e.g. a module-level function).
     """
 
     def __init__(self, max_concurrency: int = 32, env_factory: EnvFactory | None = None,
-                 max_workers: int | None = None, reuse_envs: bool = True) -> None:
+                 max_workers: int | None = None, reuse_envs: bool = True,
+                 env_workers: Literal["thread", "process"] = "thread") -> None:
         if max_concurrency < 1:
             raise ConfigurationError(f"max_concurrency must be >= 1, got {max_concurrency}.")
+        if env_workers not in ("thread", "process"):
+            raise ConfigurationError(f"env_workers must be 'thread' or 'process', got {env_workers!r}.")
         self.max_concurrency = max_concurrency
+        self.env_workers = env_workers
         self.env_factory: EnvFactory = env_factory or _default_factory
+        if env_workers == "process":
+            self.env_factory = functools.partial(_process_env, env_factory or _default_factory)
         self.executor = ThreadPoolExecutor(max_workers=max_workers or max(4, max_concurrency),
                                            thread_name_prefix="agentgym-env")
         self.reuse_envs = reuse_envs
@@ -128,21 +149,34 @@ class RolloutRuntime:
         for fn in list(self._listeners):
             fn(n)
 
-    async def call(self, fn: Callable[..., T], *args: Any, timeout: float | None = None, **kwargs: Any) -> T:
-        """Run a blocking call in the worker pool; :class:`EnvTimeout` after ``timeout`` seconds."""
+    async def call(self, fn: Callable[..., T], *args: Any, timeout: float | None = None, owner: Any = None,
+                   **kwargs: Any) -> T:
+        """Run a blocking call in the worker pool; :class:`EnvTimeout` after ``timeout`` seconds.
+
+        On a timeout, ``owner`` (default: the object ``fn`` is bound to) is killed if it can be
+        (``owner.kill()``: an env in its own process); a thread cannot be killed and is abandoned.
+        """
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             name = getattr(fn, "__qualname__", repr(fn))
-            raise EnvTimeout(f"{name} did not return within {timeout:g} s") from None
+            target = owner if owner is not None else getattr(fn, "__self__", None)
+            kill = getattr(target, "kill", None)
+            killed = ""
+            if callable(kill):
+                kill()
+                killed = " (its process was killed)"
+            raise EnvTimeout(f"{name} did not return within {timeout:g} s{killed}") from None
 
     # ------------------------------------------------------------------ env pool
     @contextlib.asynccontextmanager
     async def env(self, env_id: str, timeout: float | None = None) -> AsyncIterator[gymnasium.Env[Any, Any]]:
         """Borrow an env; it goes back to the pool unless the body raised or called :meth:`discard`."""
         pool = self._pools.setdefault(env_id, [])
+        while pool and getattr(pool[-1], "alive", True) is False:  # an env process that died while idle
+            self._close_env(pool.pop())
         env = pool.pop() if pool else await self.call(self.env_factory, env_id, timeout=timeout)
         ok = False
         try:

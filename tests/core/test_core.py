@@ -117,18 +117,49 @@ def test_spaces() -> None:
     assert isinstance(a.sample(), str)
 
 
-def test_trajectory_training_view_masks() -> None:
-    traj = Trajectory(task_id="t", env_id="e", truncated=False, turns=[
-        Turn("solver", prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5], completion_logprobs=[-0.1, -0.2], weight_version=3),
-        Turn("verifier", prompt_token_ids=[6], completion_token_ids=[7], completion_logprobs=[-0.5], weight_version=[4]),
+def test_trajectory_segments_one_per_policy_and_session() -> None:
+    traj = Trajectory(task_id="t", env_id="e", turns=[
+        Turn("solver", [1, 2, 3], [4, 5], [-0.1, -0.2], 3, new_session=True),
+        Turn("verifier", [6], [7], [-0.5], [4], new_session=True),
+        Turn("solver", [8], [9, 10], [-0.3, -0.4], [3, 5]),
+        Turn("solver", [1, 2, 3, 4, 5, 8, 9, 10, 11], [12], [-0.6], 6, new_session=True),  # restart
     ])
-    v = traj.training_view()
-    assert v.token_ids == [1, 2, 3, 4, 5, 6, 7]
-    assert v.loss_masks == {"solver": [0, 0, 0, 1, 1, 0, 0], "verifier": [0, 0, 0, 0, 0, 0, 1]}
-    assert v.versions == [-1, -1, -1, 3, 3, -1, 4] and v.logprobs[3:5] == [-0.1, -0.2]
+    segs = traj.segments()
+    assert [(s.policy_id, s.turns) for s in segs] == [("solver", [0, 2]), ("verifier", [1]), ("solver", [3])]
+    s0 = segs[0]
+    # [L] per-token: prompt delta (mask 0), completion (mask 1), next delta, next completion
+    assert s0.token_ids == [1, 2, 3, 4, 5, 8, 9, 10]
+    assert s0.loss_mask == [0, 0, 0, 1, 1, 0, 1, 1]
+    assert s0.logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, -0.3, -0.4]
+    assert s0.versions == [-1, -1, -1, 3, 3, -1, 3, 5] and s0.min_version == 3
+    assert segs[1].token_ids == [6, 7] and segs[1].loss_mask == [0, 1] and segs[1].versions == [-1, 4]
+    assert segs[2].token_ids == [1, 2, 3, 4, 5, 8, 9, 10, 11, 12] and segs[2].num_generated == 1
+    assert [s.policy_id for s in traj.segments("verifier")] == ["verifier"]
+    assert traj.min_version == 3 and traj.policy_ids == ["solver", "verifier"]
     traj.truncated = True
-    assert set(traj.training_view(zero_truncated=True).loss_masks["solver"]) == {0}
+    assert all(set(s.loss_mask) == {0} for s in traj.segments(zero_truncated=True))
     assert Trajectory.from_dict(traj.to_dict()) == traj
+
+
+def test_segments_refuse_inconsistent_lengths() -> None:
+    from agentgym.errors import TrainingDataError
+
+    bad_lp = Trajectory("t", "e", turns=[Turn("p", [1], [2, 3], [-0.1], 0)])
+    with pytest.raises(TrainingDataError, match="1 logprobs for 2"):
+        bad_lp.segments()
+    bad_v = Trajectory("t", "e", turns=[Turn("p", [1], [2, 3], [-0.1, -0.2], [1])])
+    with pytest.raises(TrainingDataError, match="1 weight versions for 2"):
+        bad_v.segments()
+    mixed = Trajectory("t", "e", turns=[Turn("p", [1], [2], [-0.1], 0), Turn("p", [3], [4], [], 0)])
+    with pytest.raises(TrainingDataError, match="some turns"):
+        mixed.segments()
+    # no logprobs at all (a scripted policy): fine for SFT, None
+    [seg] = Trajectory("t", "e", turns=[Turn("p", [1], [2], [], 0)]).segments()
+    assert seg.logprobs is None and seg.loss_mask == [0, 1]
+    from agentgym.types import Segment
+
+    with pytest.raises(TrainingDataError):
+        Segment("p", [1, 2], [0], None, [-1, 0])
 
 
 def test_check_env_on_demo_all_parsers() -> None:

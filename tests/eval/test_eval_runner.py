@@ -134,7 +134,7 @@ def test_select_tasks_spreads() -> None:
 
 async def test_report_compares_runs(tmp_path: Path) -> None:
     a, b = tmp_path / "expert", tmp_path / "flaky"
-    await arun_eval(TickPolicy(), EvalConfig([ENV, "agentgym/Demo-v0"], tasks=4, seeds=[0, 1]), a)
+    await arun_eval(ExpertPolicy(), EvalConfig([ENV, "agentgym/Demo-v0"], tasks=4, seeds=[0, 1]), a)
     await arun_eval(FailingPolicy({"ok-5"}), EvalConfig([ENV], tasks=4, seeds=[0, 1]), b)
     path = write_report([a, b], tmp_path / "rep")
     md = path.read_text()

@@ -39,7 +39,7 @@ def smollm2_path() -> str:
 def hf_policy(smollm2_path: str) -> Any:
     from agentgym.policies.hf import HFPolicy
 
-    return HFPolicy(smollm2_path, max_batch_size=8, context_length=2048)
+    return HFPolicy(smollm2_path, max_batch_size=8, context_length=2048, dtype="float32")  # fp32: exact batch tests
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from agentgym.policies.weights import WeightDelta
 
-from agentgym.errors import ConfigurationError, ContextLengthExceeded, PolicyTimeout
+from agentgym.errors import ConfigurationError, ContextLengthExceeded, PolicyTimeout, WeightSyncError
 from agentgym.policy import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -81,8 +81,8 @@ async def test_weight_updates_change_outputs_and_versions(hf_policy: Any) -> Non
         (after,) = await hf_policy.generate([req])
         assert after.weight_version == v0 + 1 and before.weight_version == v0
         assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs, strict=False)) > 1e-2
-        with pytest.raises(ConfigurationError, match="monotonic"):
-            hf_policy.update_weights({name: original}, v0)
+        with pytest.raises(WeightSyncError, match="not newer"):
+            hf_policy.update_weights({name: original}, v0 + 1)
         with pytest.raises(ConfigurationError, match="does not have"):
             hf_policy.update_weights({"no.such.weight": original}, v0 + 2)
     finally:
@@ -114,3 +114,53 @@ async def test_context_error_or_left_truncation(hf_policy: Any, monkeypatch: pyt
     # a prompt that fits, with too big a budget: max_tokens is clipped to the room left
     (h,) = await hf_policy.generate([_req("hi", max_tokens=1000, temperature=1.0)])
     assert len(h.prompt_token_ids) + len(h.token_ids) <= 128
+
+
+async def test_concurrent_calls_join_the_running_batch(hf_policy: Any) -> None:
+    """A request that arrives while a batch is decoding joins it at the next step (continuous batching)."""
+    long_req = _req("Write a long story about a dragon.", temperature=0.0, max_tokens=40)
+    first = asyncio.ensure_future(hf_policy.generate([long_req]))
+    while hf_policy._active == []:  # wait until the first row is decoding
+        await asyncio.sleep(0.01)
+    steps0 = hf_policy.steps
+    (late,) = await hf_policy.generate([_req(QUESTIONS[2], temperature=0.0, max_tokens=3)])
+    (early,) = await first
+    assert len(early.token_ids) == 40 and len(late.token_ids) <= 3
+    # the late request finished while the first was still running: it shared decode steps
+    assert hf_policy.steps - steps0 < 40 and max(hf_policy.batch_sizes[-45:]) >= 2
+    (alone,) = await hf_policy.generate([_req(QUESTIONS[2], temperature=0.0, max_tokens=3)])
+    assert alone.token_ids == late.token_ids  # joining mid-flight does not change a greedy result (fp32)
+
+
+async def test_weight_update_mid_generation_gives_per_token_versions(hf_policy: Any) -> None:
+    v0 = hf_policy.weight_version
+    name = "model.norm.weight"
+    original = hf_policy.state_dict()[name].detach().clone()
+    task = asyncio.ensure_future(hf_policy.generate([_req("Count from one to fifty.", temperature=0.0, max_tokens=30)]))
+    while not hf_policy._active or len(hf_policy._active[0].tokens) < 5:
+        await asyncio.sleep(0.005)
+    try:
+        await hf_policy.update_weights_async({name: original}, v0 + 1)  # same values, new version
+        (g,) = await task
+    finally:
+        pass
+    assert isinstance(g.weight_version, list) and len(g.weight_version) == len(g.token_ids)
+    assert g.weight_version[0] == v0 and g.weight_version[-1] == v0 + 1
+    assert g.weight_version == sorted(g.weight_version)  # one switch point, never back
+
+
+async def test_abort_returns_partial_tokens_and_the_rollout_can_resume(hf_policy: Any) -> None:
+    req = _req("Count from one to fifty.", temperature=0.0, max_tokens=30)
+    (full,) = await hf_policy.generate([req])
+    task = asyncio.ensure_future(hf_policy.generate([req]))
+    while not hf_policy._active or len(hf_policy._active[0].tokens) < 4:
+        await asyncio.sleep(0.005)
+    assert hf_policy.abort() >= 1
+    (part,) = await task
+    assert part.finish_reason == "abort" and 4 <= len(part.token_ids) < 30
+    assert part.token_ids == full.token_ids[: len(part.token_ids)]
+    # resuming: the partial ids appended to the prompt continue the same greedy completion
+    rest_req = GenRequest(prompt_token_ids=list(part.prompt_token_ids or []) + part.token_ids,
+                          sampling=SamplingParams(temperature=0.0, max_tokens=30 - len(part.token_ids)))
+    (rest,) = await hf_policy.generate([rest_req])
+    assert part.token_ids + rest.token_ids == full.token_ids

@@ -249,12 +249,14 @@ def test_token_sessions_only_with_a_tokenizer() -> None:
     from agentgym.policies.session import TokenizerChatSession
 
     from agentgym.errors import ConfigurationError
-    from agentgym.policy import TokenPolicy
+    from agentgym.policy import capabilities_of
 
     plain = OpenAIPolicy("http://127.0.0.1:1/v1", "m")
-    assert not isinstance(plain, TokenPolicy) and not hasattr(plain, "new_session")
+    assert not capabilities_of(plain).sessions
+    with pytest.raises(ConfigurationError, match="tokenizer"):
+        plain.new_session()
     with_tok = OpenAIPolicy("http://127.0.0.1:1/v1", "m", tokenizer="smollm2-135m-instruct")
-    assert isinstance(with_tok, TokenPolicy)
+    assert capabilities_of(with_tok).sessions
     assert isinstance(with_tok.new_session(), TokenizerChatSession)
     with pytest.raises(ConfigurationError, match="http"):
         OpenAIPolicy("127.0.0.1:8000/v1", "m")

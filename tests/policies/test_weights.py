@@ -58,9 +58,15 @@ def test_bad_updates_are_configuration_errors() -> None:
         apply_update(s, [1, 2, 3])
 
 
-def test_versions_are_monotonic() -> None:
-    assert check_version(2, 2) == 2 and check_version(2, 5) == 5
-    with pytest.raises(ConfigurationError, match="monotonic"):
+def test_versions_strictly_increase() -> None:
+    from agentgym.errors import WeightSyncError
+
+    assert check_version(2, 3) == 3 and check_version(2, 5) == 5
+    with pytest.raises(WeightSyncError, match="not newer"):
+        check_version(2, 2)  # an equal version is a second, different update under the same name
+    with pytest.raises(WeightSyncError, match="not newer"):
         check_version(5, 4)
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(WeightSyncError):
         check_version(0, -1)
+    with pytest.raises(WeightSyncError):
+        check_version(0, True)  # type: ignore[arg-type]

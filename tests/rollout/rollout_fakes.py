@@ -3,21 +3,24 @@
 * ``agentgym/TestCounter-v0``: call ``tick`` ``target`` times (task ``ok-N``), each step sleeping
   ``step_sleep`` seconds *blocking* (like a sandbox or a database); task ``boom`` raises inside step
   (a broken env); ``submit`` ends the episode (success iff enough ticks).
-* Policies: :class:`TickPolicy` (always ticks, optional async latency, counts concurrent calls),
-  :class:`FailingPolicy` (raises on chosen tasks), :class:`FakeTokenPolicy` (token-in/token-out with a
-  character-level "tokenizer", to check the delta bookkeeping).
+* Policies: :class:`TickPolicy` (plays the counter env from the conversation it is shown, optional async
+  latency, counts concurrent calls), :class:`FailingPolicy` (raises on chosen tasks),
+  :class:`FakeTokenPolicy` (token-in/token-out with a character-level "tokenizer", to check the delta
+  bookkeeping; it reads the task from the token ids it is sent, so it only succeeds when the whole
+  conversation reaches it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from agentgym.core import AgentEnv
 from agentgym.errors import PolicyError, TokenizationError
-from agentgym.policy import Generation, GenRequest
+from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle
 from agentgym.registration import register_env
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec, ToolSpec
@@ -73,8 +76,38 @@ class CounterEnv(AgentEnv):
 register_env("agentgym/TestCounter-v0", CounterEnv, family="test", max_episode_steps=20)
 
 
-class TickPolicy:
-    """The counter env's expert (from the oracle) with an async latency; tracks concurrency."""
+def counter_action(text: str) -> str:
+    """The counter env's right move, read from the conversation's text: tick until the target, then submit.
+
+    Falls back to a tick when the task statement is missing (a policy shown only part of the context).
+    """
+    m = re.search(r"Tick (\d+) times", text)
+    if m is None:
+        return TICK
+    ticks = [int(x) for x in re.findall(r"ticks=(\d+)", text)]
+    return TICK if (ticks[-1] if ticks else 0) < int(m.group(1)) else SUBMIT
+
+
+def messages_of(req: GenRequest) -> str:
+    return "\n".join(m["content"] for m in req.messages or [])
+
+
+class FakePolicy(PolicyLifecycle):
+    """Lifecycle and description shared by the fakes."""
+
+    policy_id = "fake"
+    capabilities = Capabilities()
+    closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy_id": self.policy_id, "backend": "fake"}
+
+
+class TickPolicy(FakePolicy):
+    """Plays the counter env from the messages it is sent, with an async latency; tracks concurrency."""
 
     def __init__(self, latency: float = 0.0, policy_id: str = "tick", version: int = 3) -> None:
         self.latency = latency
@@ -95,7 +128,7 @@ class TickPolicy:
                 await asyncio.sleep(self.latency)
             out = []
             for r in requests:
-                text = r.oracle() if r.oracle is not None else TICK
+                text = counter_action(messages_of(r))
                 ids = [ord(c) % 97 for c in text[:5]]
                 out.append(Generation(text=text, token_ids=ids, logprobs=[-0.5] * len(ids),
                                       weight_version=self.version))
@@ -104,7 +137,7 @@ class TickPolicy:
             self.in_flight -= 1
 
 
-class ConstPolicy:
+class ConstPolicy(FakePolicy):
     """Always says the same text."""
 
     def __init__(self, text: str, policy_id: str = "const", tokens_per_turn: int = 0) -> None:
@@ -169,8 +202,10 @@ class FakeSession:
         return delta
 
 
-class FakeTokenPolicy:
-    """Token-in/token-out: answers from the oracle; records the prompt ids it was sent."""
+class FakeTokenPolicy(FakePolicy):
+    """Token-in/token-out: answers from the token ids it is sent; records them."""
+
+    capabilities = Capabilities(sessions=True)
 
     def __init__(self, policy_id: str = "tok", drift_on: str | None = None) -> None:
         self.policy_id = policy_id
@@ -189,7 +224,7 @@ class FakeTokenPolicy:
         for r in requests:
             assert r.prompt_token_ids is not None and r.messages is None
             self.prompts.append(list(r.prompt_token_ids))
-            text = r.oracle() if r.oracle is not None else TICK
+            text = counter_action("".join(chr(i) for i in r.prompt_token_ids))
             out.append(Generation(text=text, token_ids=_enc(text), logprobs=[-1.0] * len(text), weight_version=7))
         return out
 
@@ -197,3 +232,24 @@ class FakeTokenPolicy:
 def slow_expert() -> TickPolicy:
     """For CLI subprocess tests (``--policy py:rollout_fakes:slow_expert``)."""
     return TickPolicy(latency=0.3, policy_id="slow-expert")
+
+
+def counter_env(env_id: str) -> Any:
+    """A picklable env factory for process-mode tests (the spawned child imports this module)."""
+    import agentgym
+
+    return agentgym.make(env_id)
+
+
+def hanging_counter_env(env_id: str) -> Any:
+    """Counter env whose steps hang for a minute on task ``ok-7`` (a stuck sandbox)."""
+    import agentgym
+
+    class Hanging(CounterEnv):
+        def step(self, action: Any) -> Any:
+            if self.task is not None and self.task.task_id == "ok-7":
+                time.sleep(60)
+            return super().step(action)
+
+    del agentgym
+    return Hanging()

@@ -6,15 +6,14 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from rollout_fakes import FakeTokenPolicy, TickPolicy
+from rollout_fakes import FakePolicy, FakeTokenPolicy, TickPolicy
 
 from agentgym.errors import PolicyError
-from agentgym.policy import Generation, GenRequest
+from agentgym.policy import Generation, GenRequest, capabilities_of
 from agentgym.rollout import GroupRequest, MultiTurnWorkflow, RolloutEngine, RolloutRuntime, micro_batch
-from agentgym.rollout.batching import TokenMicroBatcher
 
 
-class Echo:
+class Echo(FakePolicy):
     """Echoes each request's tag; one call at a time (like HFPolicy's lock); fails on tag 'bad'."""
 
     policy_id = "echo"
@@ -55,20 +54,23 @@ async def test_failure_is_isolated_to_its_request() -> None:
 async def test_engine_with_batcher_keeps_token_sessions() -> None:
     inner = FakeTokenPolicy()
     b = micro_batch(inner)
-    assert isinstance(b, TokenMicroBatcher) and b.policy_id == "tok"
+    assert capabilities_of(b).sessions and b.policy_id == "tok"
     with RolloutRuntime(max_concurrency=8) as rt:
         [trajs] = await RolloutEngine(rt).run(MultiTurnWorkflow(b, group_size=6), [GroupRequest("agentgym/TestCounter-v0", "ok-2")])
     assert all(t.success for t in trajs)
-    assert sorted(t.training_view().token_ids for t in trajs) == sorted(s.token_ids for s in inner.sessions)
+    assert sorted(t.segments()[0].token_ids for t in trajs) == sorted(s.token_ids for s in inner.sessions)
     assert max(b.batch_sizes) > 1
 
 
-async def test_attributes_pass_through() -> None:
+async def test_capabilities_and_lifecycle_pass_through() -> None:
     pol = TickPolicy(version=5)
     b = micro_batch(pol)
-    assert b.version == 5 and not hasattr(b, "new_session")
+    assert not capabilities_of(b).sessions and b.describe()["micro_batched"] is True
+    async with b:
+        pass
+    assert pol.closed
     with pytest.raises(AttributeError):
-        _ = b.no_such_attribute
+        _ = b.no_such_attribute  # type: ignore[attr-defined]
 
 
 async def test_runtime_aware_batches_wait_for_every_active_episode() -> None:

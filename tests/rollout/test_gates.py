@@ -174,9 +174,9 @@ async def test_enforced_gate_stops_group_exactly_at_k() -> None:
     assert len(trajs) == 4
     assert all(t.early_stopped and not t.terminated and not t.truncated for t in trajs)
     assert [t.num_turns for t in trajs] == [3, 3, 3, 3]
-    assert all(t.info["early_stop_reason"] == "selective_rollout:low_diversity" for t in trajs)
+    assert trajs.early_stopped and trajs.stop_reason == "selective_rollout:low_diversity"
     assert len(log) == 1 and log[0].enforced and log[0].step == 3 and log[0].tokens_at_decision == 4 * 3 * 3
-    assert trajs[0].info["gate_records"][0]["action"] == "stop"
+    assert trajs.gate_records[0]["action"] == "stop" and "gate_records" not in trajs[0].info
 
 
 async def test_audit_mode_lets_group_finish_and_records_outcome() -> None:
@@ -191,5 +191,5 @@ async def test_audit_mode_lets_group_finish_and_records_outcome() -> None:
     assert sel[0].final_rewards == [1.0, 1.0, 1.0] and sel[0].final_zero_variance is True
     assert sel[0].final_tokens is not None and sel[0].final_tokens > sel[0].tokens_at_decision
     assert any(r.reason == "zero_variance" for r in log)
-    assert all(t.info.get("zero_variance") for t in trajs)
+    assert trajs.zero_variance() and not trajs.early_stopped
     assert gate_precision(log)["precision"] == 1.0

@@ -28,7 +28,7 @@ def rich_trajectory() -> Trajectory:
              [{"role": "tool", "tool_call_id": "c0", "name": "f", "content": "out"}], "length", 0.5),
         Turn("verifier", [], [9], [0.0], 2, "APPROVE", [], [], "stop", -1.0),
     ]
-    return Trajectory("task-1", "agentgym/X-v0", "grp", turns,
+    return Trajectory("task-1", "agentgym/X-v0", "grp", 2, turns,
                       [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
                       reward=0.1 + 0.2, success=True, terminated=True, truncated=False, early_stopped=True,
                       error=None, metrics={"parse_errors": 2, "nested": {"a": [1.5]}},
@@ -43,7 +43,7 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
     back = read_jsonl(p)
     assert back == [t, t]
     assert back[0].turns[0].completion_logprobs[1] == -1e-300 and back[0].reward == 0.1 + 0.2
-    assert back[0].training_view() == t.training_view()
+    assert back[0].segments() == t.segments()
 
 
 def test_nonfinite_and_numpy_values(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ async def test_real_rollout_round_trips(tmp_path: Path) -> None:
     p = tmp_path / "r.jsonl"
     append_jsonl(p, trajs[:1])
     append_jsonl(p, trajs[1:])
-    assert read_jsonl(p) == trajs
+    assert read_jsonl(p) == trajs.trajectories
 
 
 def test_interrupted_write_is_skipped_and_repaired(tmp_path: Path) -> None:

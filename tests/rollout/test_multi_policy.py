@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from rollout_fakes import SUBMIT, TICK, FakeTokenPolicy, TickPolicy
+from rollout_fakes import SUBMIT, TICK, FakePolicy, FakeTokenPolicy, TickPolicy
 
 from agentgym.errors import ConfigurationError
 from agentgym.policy import Generation, GenRequest
@@ -21,7 +21,7 @@ from agentgym.rollout import (
 ENV = "agentgym/TestCounter-v0"
 
 
-class Verifier:
+class Verifier(FakePolicy):
     """Rejects every proposal to submit the first time it sees it; approves everything else."""
 
     def __init__(self, policy_id: str = "verifier", reject_all: bool = False) -> None:
@@ -62,13 +62,14 @@ async def test_turns_tagged_retry_once_and_role_rewards() -> None:
         assert t.turns[6].text == SUBMIT and t.turns[6].observation[0]["content"] == "ok"
         assert t.info["verdicts"] == [True, True, False]
         # solver: env reward; verifier: share of verdicts agreeing with the outcome (success -> approvals)
-        assert t.info["role_rewards"] == {"solver": 1.0, "verifier": pytest.approx(2 / 3)}
+        assert t.reward_for("solver") == 1.0 and t.reward_for("verifier") == pytest.approx(2 / 3)
         assert t.metrics["env_steps"] == 3 and t.metrics["rejections"] == 1
         parts = split_by_policy(t)
         assert set(parts) == {"solver", "verifier"}
         assert [x.policy_id for x in parts["verifier"].turns] == ["verifier"] * 3
         assert parts["verifier"].reward == pytest.approx(2 / 3) and parts["solver"].reward == 1.0
-        assert parts["solver"].training_view().loss_masks.keys() == {"solver"}
+        assert {seg.policy_id for seg in parts["solver"].segments()} == {"solver"}
+        assert [seg.policy_id for seg in t.segments()] == ["solver", "verifier"]
     assert len(verifier.seen) == 6 and "Proposed action:\n" + TICK in verifier.seen[0]
 
 
@@ -78,7 +79,7 @@ async def test_rejected_retry_goes_to_env_and_failure_is_scored() -> None:
         [[t]] = await RolloutEngine(rt).run(wf, [GroupRequest(ENV, "ok-1")])
     # every step: proposal, reject, retry (sent anyway); the oracle still solves the task
     assert t.success and t.info["verdicts"] == [False, False]
-    assert t.info["role_rewards"]["verifier"] == 0.0
+    assert t.reward_for("verifier") == 0.0
 
 
 async def test_token_mode_per_role_sessions_chain() -> None:
@@ -87,8 +88,26 @@ async def test_token_mode_per_role_sessions_chain() -> None:
     with RolloutRuntime() as rt:
         [[t]] = await RolloutEngine(rt).run(wf, [GroupRequest(ENV, "ok-1")])
     assert t.success
-    view = split_by_policy(t)["solver-tok"].training_view()
-    assert view.token_ids == solver.sessions[0].token_ids
+    [seg] = split_by_policy(t)["solver-tok"].segments()
+    assert seg.token_ids == solver.sessions[0].token_ids
+
+
+async def test_multi_policy_segments_are_what_each_model_saw() -> None:
+    """One segment per (policy, session): never the join of two policies' turns."""
+    solver, verifier = FakeTokenPolicy("solver-tok"), FakeTokenPolicy("verifier-tok")
+    wf = SolverVerifierWorkflow(solver, verifier)
+    with RolloutRuntime() as rt:
+        [[t]] = await RolloutEngine(rt).run(wf, [GroupRequest(ENV, "ok-2")])
+    assert t.success and [x.policy_id for x in t.turns][:2] == ["solver-tok", "verifier-tok"]
+    segs = t.segments()
+    assert [s.policy_id for s in segs] == ["solver-tok", "verifier-tok"]
+    assert segs[0].token_ids == solver.sessions[0].token_ids
+    assert segs[1].token_ids == verifier.sessions[0].token_ids
+    for seg, pol in zip(segs, (solver, verifier), strict=True):
+        assert seg.num_generated == sum(len(x.completion_token_ids) for x in t.turns if x.policy_id == pol.policy_id)
+        # every prompt the model received is a prefix of its segment (the whole context, never a delta)
+        assert all(seg.token_ids[: len(p)] == p for p in pol.prompts)
+    assert [s.policy_id for s in t.segments("verifier-tok")] == ["verifier-tok"]
 
 
 def test_roles_need_distinct_ids() -> None:

@@ -11,11 +11,12 @@ from rollout_fakes import TICK, ConstPolicy, FailingPolicy, FakeTokenPolicy, Tic
 
 from agentgym.errors import ConfigurationError
 from agentgym.rollout import GroupRequest, MultiTurnWorkflow, RolloutEngine, RolloutLimits, RolloutRuntime
+from agentgym.types import TrajectoryGroup
 
 ENV = "agentgym/TestCounter-v0"
 
 
-async def run(wf: MultiTurnWorkflow, reqs: list[GroupRequest], **rt_kw: object) -> list[list]:
+async def run(wf: MultiTurnWorkflow, reqs: list[GroupRequest], **rt_kw: object) -> list[TrajectoryGroup]:
     with RolloutRuntime(**rt_kw) as rt:  # type: ignore[arg-type]
         return await RolloutEngine(rt).run(wf, reqs)
 
@@ -25,7 +26,7 @@ async def test_group_replays_one_task_with_expert_on_demo() -> None:
     [trajs] = await run(wf, [GroupRequest("agentgym/Demo-v0", "guess-37", seed=5, group_id="g1")])
     assert len(trajs) == 4
     assert {t.task_id for t in trajs} == {"guess-37"} and {t.group_id for t in trajs} == {"g1"}
-    assert [t.info["member"] for t in trajs] == [0, 1, 2, 3]
+    assert [t.member for t in trajs] == [0, 1, 2, 3] and trajs.group_id == "g1" and not trajs.early_stopped
     for t in trajs:
         assert t.terminated and t.success and t.reward == 1.0 and not t.truncated and t.error is None
         assert t.turns[-1].observation[0]["content"] == "correct"
@@ -51,48 +52,61 @@ async def test_turn_records_tokens_logprobs_versions() -> None:
     assert {s["function"]["name"] for s in pol.requests[0].tools or []} == {"tick", "submit"}
 
 
-async def test_token_mode_sends_deltas_that_chain_exactly() -> None:
+async def test_token_mode_sends_the_whole_conversation_each_turn() -> None:
+    """Defect: from turn 2 on the engine sent only the newest observation's ids, so the model answered
+    without the conversation. Each request must carry the session's whole token sequence."""
     pol = FakeTokenPolicy()
     [trajs] = await run(MultiTurnWorkflow(pol, group_size=2), [GroupRequest(ENV, "ok-3")])
+    assert all(t.success for t in trajs)  # the fake reads the task from the ids: needs the whole context
+    prompts = {tuple(p) for p in pol.prompts}
     for t, session in zip(trajs, pol.sessions, strict=True):
-        assert t.success
-        # each policy request carried exactly the delta recorded on the turn
-        view = t.training_view()
-        assert view.token_ids == session.token_ids  # prompt deltas + completions == the session's ids
-        assert sum(view.loss_masks["tok"]) == sum(len(x.completion_token_ids) for x in t.turns)
-        assert view.versions.count(7) == sum(view.loss_masks["tok"])
-        assert len(session.starts) == 1
-    assert sorted(map(tuple, pol.prompts)) == sorted(tuple(turn.prompt_token_ids) for t in trajs for turn in t.turns)
+        [seg] = t.segments()
+        assert seg.token_ids == session.token_ids  # prompt deltas + completions == the session's ids
+        assert seg.num_generated == sum(len(x.completion_token_ids) for x in t.turns)
+        assert [v for v, m in zip(seg.versions, seg.loss_mask, strict=True) if m] == [7] * seg.num_generated
+        assert len(session.starts) == 1 and [turn.new_session for turn in t.turns] == [True, False, False, False]
+        # what the policy received on turn k == every token of the conversation before turn k's completion
+        context: list[int] = []
+        for turn in t.turns:
+            context += turn.prompt_token_ids
+            assert tuple(context) in prompts
+            assert len(context) > len(turn.prompt_token_ids) or turn.new_session
+            context += turn.completion_token_ids
+    assert len(pol.prompts) == sum(t.num_turns for t in trajs)
 
 
 async def test_token_mode_restarts_session_on_template_drift() -> None:
     pol = FakeTokenPolicy(drift_on="ticks=2")
     [[t]] = await run(MultiTurnWorkflow(pol), [GroupRequest(ENV, "ok-3")])
     assert t.success
-    assert t.info["session_restart_turns"] == [2] and t.metrics["session_restarts"] == 1
+    assert [turn.new_session for turn in t.turns] == [True, False, True, False] and t.metrics["session_restarts"] == 1
     assert len(pol.sessions) == 2
     # the restarted session was started from the full conversation so far
     assert [m["role"] for m in pol.sessions[1].starts[0]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    assert t.turns[2].prompt_token_ids == pol.sessions[1].token_ids[: len(t.turns[2].prompt_token_ids)]
+    # two training segments, each exactly the ids of one session
+    segs = t.segments()
+    assert [s.turns for s in segs] == [[0, 1], [2, 3]]
+    assert segs[1].token_ids == pol.sessions[1].token_ids
+    assert segs[0].token_ids == pol.sessions[0].token_ids[: len(segs[0].token_ids)]
 
 
 async def test_max_turns_truncates_never_terminates() -> None:
     wf = MultiTurnWorkflow(TickPolicy(), limits=RolloutLimits(max_turns=3))
     [[t]] = await run(wf, [GroupRequest(ENV, "ok-8")])
     assert t.truncated and not t.terminated and t.num_turns == 3
-    assert t.info["truncated_reason"] == "max_turns" and not t.success
+    assert t.truncated_reason == "max_turns" and not t.success
 
 
 async def test_env_time_limit_is_reported_as_env_limit() -> None:
     # TestCounter-v0 is registered with max_episode_steps=20: ticking forever hits gymnasium's TimeLimit
     [[t]] = await run(MultiTurnWorkflow(ConstPolicy(TICK)), [GroupRequest(ENV, "ok-1")])
-    assert t.truncated and not t.terminated and t.num_turns == 20 and t.info["truncated_reason"] == "env_limit"
+    assert t.truncated and not t.terminated and t.num_turns == 20 and t.truncated_reason == "env_limit"
 
 
 async def test_token_budget_truncates() -> None:
     wf = MultiTurnWorkflow(ConstPolicy(TICK, tokens_per_turn=10), limits=RolloutLimits(max_total_tokens=25))
     [[t]] = await run(wf, [GroupRequest(ENV, "ok-8")])
-    assert t.truncated and t.info["truncated_reason"] == "max_total_tokens" and t.num_turns == 3
+    assert t.truncated and t.truncated_reason == "max_total_tokens" and t.num_turns == 3
 
 
 async def test_wall_time_truncates_slow_policy() -> None:
@@ -100,7 +114,7 @@ async def test_wall_time_truncates_slow_policy() -> None:
     t0 = time.monotonic()
     [[t]] = await run(wf, [GroupRequest(ENV, "ok-8")])
     assert time.monotonic() - t0 < 2.0
-    assert t.truncated and not t.terminated and t.info["truncated_reason"] == "max_wall_s"
+    assert t.truncated and not t.terminated and t.truncated_reason == "max_wall_s"
     assert 1 <= t.num_turns <= 3
 
 
@@ -148,9 +162,9 @@ async def test_policy_error_loses_only_that_episode() -> None:
     reqs = [GroupRequest(ENV, t) for t in ("ok-1", "ok-3", "ok-2")]
     groups = await run(MultiTurnWorkflow(pol, group_size=2), reqs)
     ok1, bad, ok2 = groups
-    assert all(t.success for t in ok1 + ok2)
+    assert all(t.success for t in [*ok1, *ok2])
     assert all(t.error == "PolicyError: backend exploded" and not t.success for t in bad)
-    assert bad[0].info["error_source"] == "policy" and bad[0].timing["wall_s"] >= 0
+    assert bad[0].error_source == "policy" and bad[0].timing["wall_s"] >= 0
 
 
 async def test_env_error_loses_only_that_episode_and_discards_the_env() -> None:
@@ -168,7 +182,7 @@ async def test_env_error_loses_only_that_episode_and_discards_the_env() -> None:
     with RolloutRuntime(max_concurrency=1, env_factory=factory) as rt:  # type: ignore[arg-type]
         groups = await RolloutEngine(rt).run(wf, reqs)
         pooled = rt._pools[ENV]
-    assert groups[0][0].error == "RuntimeError: the env broke" and groups[0][0].info["error_source"] == "env"
+    assert groups[0][0].error == "RuntimeError: the env broke" and groups[0][0].error_source == "env"
     assert groups[1][0].success and groups[2][0].success
     # the broken env was closed and replaced; the healthy one was reused for the third episode
     assert len(made) == 2 and pooled == [made[1]]

@@ -17,7 +17,6 @@ from agentgym.policies.scripted import ExpertPolicy
 
 import agentgym
 from agentgym.errors import ConfigurationError, ValidationError
-from agentgym.policy import GenRequest
 
 NOTHING = "Nothing happens."
 
@@ -138,13 +137,13 @@ def test_expert_solves_every_generated_task() -> None:
     assert sum(solved.values()) == len(tasks)
 
 
-async def test_expert_is_a_policy() -> None:
+def test_expert_is_an_env_side_policy() -> None:
     env = ALFWorldEnv()
     env.reset(seed=11)
     policy = ExpertPolicy()
+    assert policy.capabilities.env_side
     for _ in range(50):
-        [gen] = await policy.generate([GenRequest(oracle=env.expert_action)])
-        _, reward, term, _, _ = env.step(gen.text)
+        _, reward, term, _, _ = env.step(policy.act(env))
         if term:
             break
     assert reward == 1.0
