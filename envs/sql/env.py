@@ -160,10 +160,12 @@ class BaseSQLEnv(AgentEnv):
         if self.show_schema:
             key = self._db_key(task)
             if key not in self._schema_text:
-                rows = self.db.conn.execute(
+                res = self.db.run(
                     "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
-                    "ORDER BY CASE type WHEN 'table' THEN 0 ELSE 1 END, rowid").fetchall()
-                self._schema_text[key] = "\n".join(r[0].strip() + ";" for r in rows)
+                    "ORDER BY CASE type WHEN 'table' THEN 0 ELSE 1 END, rowid")
+                if not res.ok:
+                    raise ValidationError(f"cannot read the schema of task {task.task_id!r}: {res.error}")
+                self._schema_text[key] = "\n".join(str(r[0]).strip() + ";" for r in res.rows)
             parts.append("Database schema:\n" + self._schema_text[key])
         parts.append("Question: " + self._question(task))
         parts.append(self._instructions(kind))
