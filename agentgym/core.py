@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 import gymnasium
 
 from agentgym.errors import ResetNeeded, TaskNotFound
+from agentgym.loading import LoadReport
 from agentgym.parsers import ActionParser, ParsedAction, get_parser
 from agentgym.spaces import ActionSpace, ChatSpace
 from agentgym.tools import ToolSet
@@ -110,6 +111,8 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         self._outcome: tuple[float, bool] | None = None
         self._task_index: dict[str, TaskSpec] | None = None
         self._last_messages: list[Message] = []
+        # Loaders that read benchmark files record kept and skipped rows here (see load_report).
+        self.load_log = LoadReport(env=type(self).__name__)
 
     # ------------------------------------------------------------------ hooks for subclasses
     def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
@@ -127,6 +130,23 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
     def _on_text(self, text: str) -> StepResult:
         """Handle a turn with no tool call and no command. Default: a parse-error observation."""
         return self._format_error("no tool call found")
+
+    def load_report(self, split: str | None = None) -> dict[str, Any]:
+        """How many tasks were loaded and which source rows were left out, and why.
+
+        An env whose loader reads benchmark files fills :attr:`load_log` (a
+        :class:`~agentgym.loading.LoadReport`) as it loads, and logs a WARNING for any row it
+        skips. Otherwise nothing was skipped and ``loaded`` counts the tasks of ``split`` (of every
+        split when ``split`` is ``None``). ``agentgym eval`` records this in ``summary.json``.
+
+        Returns:
+            ``{"source", "loaded", "skipped", "skip_reasons", "skipped_items", "notes"}``.
+        """
+        d = self.load_log.to_dict()
+        if not self.load_log.loaded and not self.load_log.skipped:
+            splits = [split] if split is not None else list(self.splits)
+            d["loaded"] = sum(len(self.tasks(s)) for s in splits)
+        return d
 
     def admissible_actions(self) -> list[str] | None:
         """Commands that are valid now, where the env knows them (``info["admissible_actions"]``)."""

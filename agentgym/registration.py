@@ -101,15 +101,18 @@ _BUILTINS: list[dict[str, Any]] = [
          max_episode_steps=15, description="Multi-turn text-to-SQL over generated SQLite databases."),
     dict(env_id="agentgym/SQL-Spider-v0", entry_point="agentgym.envs.sql.env:SpiderSQLEnv", family="sql",
          max_episode_steps=15, requires="path=", description="Spider/BIRD layout; needs path=DATASET_DIR."),
-    dict(env_id="agentgym/SQL-AgentBench-v0", entry_point="agentgym.envs.sql.env:AgentBenchSQLEnv",
+    dict(env_id="agentgym/SQL-AgentBench-v0", entry_point="agentgym.envs.sql.agentbench:AgentBenchSQLEnv",
          family="sql", max_episode_steps=15, requires="path=",
-         description="AgentBench dbbench JSONL; needs path=FILE."),
+         description="AgentBench dbbench JSONL, every row type, scored as AgentBench does; needs path=FILE."),
     dict(env_id="agentgym/Search-v0", entry_point="agentgym.envs.search.env:SearchEnv", family="search",
          max_episode_steps=10, description="Multi-hop retrieval QA over a generated fictional wiki (BM25)."),
     dict(env_id="agentgym/Code-v0", entry_point="agentgym.envs.code.env:CodeEnv", family="code",
          max_episode_steps=10, description="Write, run and submit Python in a sandbox (HumanEval and more)."),
     dict(env_id="agentgym/Bash-v0", entry_point="agentgym.envs.code.bash:BashEnv", family="code",
          max_episode_steps=15, description="AgentBench-OS-style shell tasks in a sandbox."),
+    dict(env_id="agentgym/OS-v0", entry_point="agentgym.envs.code.os_env:OSEnv", family="code",
+         max_episode_steps=8, requires="path=, Docker",
+         description="AgentBench OS-interaction JSON, one root container and persistent shell per task; needs path=."),
 ]
 
 

@@ -143,6 +143,18 @@ def _fmt_ci(block: dict[str, Any]) -> str:
     return s
 
 
+def task_counts_line(tasks: dict[str, Any] | None) -> str:
+    """``tasks: 290 loaded, 100 evaluated, 10 skipped (7 x reason A; 3 x reason B)``, or ``""``."""
+    if not tasks:
+        return ""
+    line = f"tasks: {tasks.get('loaded', 0)} loaded, {tasks.get('evaluated', '?')} evaluated, "
+    line += f"{tasks.get('skipped', 0)} skipped"
+    reasons = tasks.get("skip_reasons") or {}
+    if reasons:
+        line += " (" + "; ".join(f"{n} x {r}" for r, n in reasons.items()) + ")"
+    return line
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The rich results table."""
     from rich.console import Console
@@ -173,6 +185,10 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{b['timings']['episode_wall_mean_s']:.2f}" if b["timings"]["episode_wall_mean_s"] is not None else "–",
         )
     console.print(table)
+    for name, b in summary.get("envs", {}).items():
+        line = task_counts_line(b.get("tasks"))
+        if line:
+            console.print(f"{name.removeprefix('agentgym/')}: {line}", highlight=False)
     if not summary.get("complete", True):
         console.print("[yellow]incomplete run: rerun the same command to resume.[/]")
 

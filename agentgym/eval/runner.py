@@ -12,7 +12,8 @@ Output directory:
   again unless ``retry_errors=False``); the last record of an episode wins.
 * ``summary.json``: per env and overall: success rate and mean reward with 95% CI over seeds,
   unbiased pass@k, turns, tokens, parse errors, truncation reasons, timings, success by task type
-  and by number of turns, and the full protocol (env and policy versions, template, parser,
+  and by number of turns, the tasks each env loaded, skipped (with reasons) and evaluated, and
+  the full protocol (env and policy versions, template, parser,
   history mode, limits, sampling, seeds). Rewritten at the end and when interrupted
   (``"complete": false``).
 * ``run.json``: the protocol fingerprint used to refuse resuming with different settings.
@@ -219,6 +220,18 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
+def _load_report(env: Any, split: str, evaluated: int) -> dict[str, Any] | None:
+    """The env's own account of loaded and skipped tasks (``AgentEnv.load_report``, read through
+    wrappers like ``tasks``), plus how many of them this run evaluates."""
+    try:
+        fn = env.get_wrapper_attr("load_report")
+    except AttributeError:
+        return None
+    report = dict(fn(split))
+    report["evaluated"] = evaluated
+    return report
+
+
 def _env_protocol(env_id: str, env: Any, split: str, chosen: list[TaskSpec], pool_size: int,
                   reset_info: dict[str, Any]) -> dict[str, Any]:
     from agentgym.registration import env_entry
@@ -287,6 +300,8 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
                 _, info = await runtime.call(env.reset, seed=0, options={"task_id": chosen[0].task_id},
                                              timeout=config.env_timeout_s)
                 envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool), dict(info))
+                envs_proto[env_id]["tasks"] = await runtime.call(_load_report, env, split, len(chosen),
+                                                                 timeout=config.env_timeout_s)
                 plan += [(env_id, i, t) for i, t in enumerate(chosen)]
         protocol = _protocol(policy, config, envs_proto)
         (out / RUN_FILE).write_text(json.dumps({"fingerprint": config.fingerprint(), "protocol": protocol},
@@ -496,6 +511,8 @@ def summarize(trajectories: Any, config: EvalConfig, protocol: dict[str, Any],
     for t in trajs:
         envs[t.env_id].append(t)
     per_env = {e: _block(ts, config.seeds, config.samples) for e, ts in sorted(envs.items())}
+    for e, b in per_env.items():  # loaded / skipped / evaluated task counts, as the env reported them
+        b["tasks"] = protocol.get("envs", {}).get(e, {}).get("tasks")
     overall = _block(trajs, config.seeds, config.samples) if trajs else {}
     means = [b["success"]["mean"] for b in per_env.values() if b["success"]["mean"] is not None]
     if overall:

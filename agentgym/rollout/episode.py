@@ -131,6 +131,7 @@ class Conversation:
         self.retokenized_turns = 0
         self.session_restarts = 0
         self.resumes = 0
+        self._prepared: tuple[list[int], bool] | None = None
 
     def observe(self, messages: list[Message]) -> None:
         """Add env (or other-role) messages to the history."""
@@ -189,11 +190,25 @@ class Conversation:
         """
         if self.env_side:
             return await self._act(timeout), [], False
-        new_session = False
-        delta: list[int] | None = None
+        req = self.prepare(sampling, max_context=max_context, metadata=metadata)
+        gen = await self._call(req, timeout)
+        delta, new_session = self.complete(gen)
+        return gen, delta, new_session
+
+    def prepare(self, sampling: SamplingParams, *, max_context: int | None = None,
+                metadata: dict[str, Any] | None = None) -> GenRequest:
+        """The next request (token mode: the pending messages are tokenized into the session first).
+
+        :meth:`generate` is ``prepare`` + the policy call + :meth:`complete`; a loop that batches
+        many conversations' requests into one call uses the two halves directly.
+
+        Raises:
+            TruncatedEpisode: see :meth:`generate`.
+        """
+        self._prepared = None
         if self.token_mode:
             try:
-                delta, new_session = self._next_prompt()
+                self._prepared = self._next_prompt()
             except TokenizationError:  # even a fresh session cannot render this conversation
                 raise TruncatedEpisode("tokenization_drift") from None
             except ContextLengthExceeded:
@@ -207,16 +222,20 @@ class Conversation:
             sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, room)))
         if self.token_mode:
             assert self._session is not None
-            req = GenRequest(prompt_token_ids=self._session.token_ids, sampling=sampling, metadata=dict(metadata or {}))
+            return GenRequest(prompt_token_ids=self._session.token_ids, sampling=sampling, metadata=dict(metadata or {}))
+        self._pending = []
+        return GenRequest(messages=self._window(), tools=self.tools, sampling=sampling, metadata=dict(metadata or {}))
+
+    def complete(self, gen: Generation) -> tuple[list[int], bool]:
+        """Record the generation answering the last :meth:`prepare`; returns (prompt delta, new session)."""
+        if self.token_mode:
+            assert self._prepared is not None, "complete() must follow prepare()"
+            delta, new_session = self._prepared
         else:
-            self._pending = []
-            req = GenRequest(messages=self._window(), tools=self.tools, sampling=sampling, metadata=dict(metadata or {}))
-        gen = await self._call(req, timeout)
-        if not self.token_mode:
             delta, new_session = self._message_mode_delta(gen)
+        self._prepared = None
         self._add_generation(gen)
-        assert delta is not None
-        return gen, delta, new_session
+        return delta, new_session
 
     async def _call(self, req: GenRequest, timeout: float | None) -> Generation:
         """Generate, resuming an aborted generation until the turn is complete (see the module docstring)."""

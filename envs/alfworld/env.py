@@ -73,7 +73,7 @@ class _Obj:
         self.cool = cool
         self.on = on
         self.toggleable = otype in V.TOGGLEABLE
-        self.pickupable = not self.toggleable
+        self.pickupable = otype in V.PICKUPABLE
 
 
 def _listing(objs: list[_Obj]) -> str:
@@ -563,7 +563,7 @@ class ALFWorldEnv(AgentEnv):
                 for o in cur.contents:
                     if o.toggleable:
                         adm.append("use " + o.name)
-                    elif held is None:
+                    elif held is None and o.pickupable:
                         adm.append(f"take {o.name} from {name}")
                 if held is not None and held.otype in cur.accepts:
                     if self.grammar == "classic":

@@ -12,8 +12,14 @@ A scene is a list of receptacles with their contents, plus a goal::
       "goal": {"task_type": "pick_heat_then_place_in_recep", "object": "Apple", "receptacle": "CounterTop"}
     }
 
-Types are inferred from names (``"sinkbasin 1"`` -> ``SinkBasin``) unless given; openability
-comes from the type. Receptacles are listed in the order the opening observation names them.
+Types are inferred from names (``"sinkbasin 1"`` -> ``SinkBasin``) unless given. A receptacle's
+``openable`` defaults to its type's (ALFWorld's openable classes: cabinet, drawer, fridge,
+microwave, safe) and ``open`` to ``false`` (ALFWorld's games start with everything closed); a spec
+may state either, e.g. a cabinet without doors (``"openable": false``: "On the cabinet 3, you
+see..."). The goal's wording is ALFWorld's: ``template`` picks one of its two phrasings per task
+type (``0`` by default) and ``description`` replaces it with any sentence. A look-at goal's
+``lamp`` defaults to the scene's only lamp type. Receptacles are listed in the order the opening
+observation names them.
 
 Generated tasks follow ALFRED's layout: a floorplan (room) fixes the receptacles, a goal
 (task type, object type, target type) is drawn per task, and each trial places objects with its
@@ -42,6 +48,7 @@ __all__ = [
     "ObjectSpec",
     "ReceptacleSpec",
     "SceneSpec",
+    "floorplan_lamps",
     "generate_scene",
     "goal_description",
     "is_unseen_combo",
@@ -103,6 +110,7 @@ class GoalSpec(_Model):
     object: str
     receptacle: str | None = None
     lamp: str | None = None
+    template: int | None = pydantic.Field(default=None, ge=0, le=1)
     description: str | None = None
 
 
@@ -132,6 +140,8 @@ class SceneSpec(_Model):
             r.type = rt
             if r.openable is None:
                 r.openable = rt in V.OPENABLE
+            if r.open and not r.openable:
+                raise ValueError(f"receptacle {r.name!r}: open is true but it is not openable")
             if r.name in names:
                 raise ValueError(f"duplicate name {r.name!r}")
             names.add(r.name)
@@ -157,10 +167,13 @@ class SceneSpec(_Model):
                 r.contents[i] = o
         g = self.goal
         g.object = _canon(g.object, V.OBJECT_TYPES, "goal.object")
+        if g.object not in V.PICKUPABLE:
+            raise ValueError(f"goal.object {g.object!r}: not an object one can take")
         if g.object not in otypes.values():
             raise ValueError(f"goal.object {g.object!r}: the scene has no object of that type")
         if g.task_type == "look_at_obj_in_light":
-            g.lamp = _canon(g.lamp or "DeskLamp", V.TOGGLEABLE, "goal.lamp")
+            lamps = sorted(set(otypes.values()) & V.TOGGLEABLE)
+            g.lamp = _canon(g.lamp or (lamps[0] if len(lamps) == 1 else "DeskLamp"), V.TOGGLEABLE, "goal.lamp")
             if g.lamp not in otypes.values():
                 raise ValueError(f"goal.lamp {g.lamp!r}: the scene has no lamp of that type")
             g.receptacle = None
@@ -176,7 +189,7 @@ class SceneSpec(_Model):
         if g.task_type == "pick_two_obj_and_place" and list(otypes.values()).count(g.object) < 2:
             raise ValueError(f"pick_two_obj_and_place needs two objects of type {g.object!r}")
         if g.description is None:
-            g.description = goal_description(g.task_type, g.object, g.receptacle, g.lamp, 0)
+            g.description = goal_description(g.task_type, g.object, g.receptacle, g.lamp, g.template or 0)
         return self
 
 
@@ -247,6 +260,22 @@ def layout(fp: int) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+@cache
+def floorplan_lamps(fp: int) -> tuple[str, ...]:
+    """The lamp types a floorplan has (fixed per floorplan): living rooms a floor lamp, about a quarter
+    of them a desk lamp too; bedrooms a desk lamp; each where a surface for it exists."""
+    room = V.room_of_floorplan(fp)
+    rtypes = {rt for rt, _ in layout(fp)}
+    rng = random.Random(fp * 104729 + 5)
+    out = []
+    for lamp in V.ROOM_LAMPS[room]:
+        if lamp == "DeskLamp" and room == "livingroom" and rng.random() >= 0.25:
+            continue
+        if rtypes & set(V.START_HOMES[lamp]):
+            out.append(lamp)
+    return tuple(out)
+
+
 def is_unseen_combo(task_type: str, obj: str, target: str) -> bool:
     """Whether a (task, object, target) combination is held out for ``valid_unseen``."""
     return zlib.crc32(f"{task_type}|{obj}|{target}".encode()) % 5 == 0
@@ -257,14 +286,13 @@ def _combos(fp: int, task_type: str) -> tuple[tuple[str, str], ...]:
     """Feasible (object type, target type) pairs of a task type in a floorplan."""
     room = V.room_of_floorplan(fp)
     rtypes = {rt for rt, _ in layout(fp)}
-    objs = V.ROOM_OBJECTS[room]
+    objs = V.ROOM_OBJECTS[room] & V.PICKUPABLE
     out: list[tuple[str, str]] = []
     if task_type == "look_at_obj_in_light":
-        if not rtypes & set(V.LAMP_SURFACES):
-            return ()
-        for o in sorted(objs):
-            if any(o in V.RECEPTACLE_TYPES[rt] for rt in rtypes):
-                out.append((o, "DeskLamp"))
+        for lamp in floorplan_lamps(fp):
+            for o in sorted(objs):
+                if any(o in V.RECEPTACLE_TYPES[rt] for rt in rtypes):
+                    out.append((o, lamp))
         return tuple(out)
     need: frozenset[str] | None = None
     appliance = None
@@ -312,7 +340,7 @@ def split_goals(split: str, size: int) -> tuple[dict[str, Any], ...]:
             choices = [(fp, o, t) for o, t in _combos(fp, task_type) if is_unseen_combo(task_type, o, t) == unseen]
         fp, obj, target = rng.choice(choices)
         variant = rng.randrange(2)
-        lamp = "DeskLamp" if task_type == "look_at_obj_in_light" else None
+        lamp = target if task_type == "look_at_obj_in_light" else None
         recep = None if lamp else target
         out.append({
             "floorplan": fp, "room": V.room_of_floorplan(fp), "task_type": task_type, "object": obj,
@@ -343,22 +371,21 @@ def generate_scene(goal: dict[str, Any]) -> SceneSpec:
     target = goal.get("receptacle")
 
     def place(otype: str, avoid: str | None) -> bool:
-        homes = [name for rt, name in receps if otype in V.RECEPTACLE_TYPES[rt] and rt != avoid]
-        if not homes:
+        starts = V.START_HOMES.get(otype, ())
+        homes = [name for rt, name in receps if (otype in V.RECEPTACLE_TYPES[rt] or rt in starts) and rt != avoid]
+        if not homes or (otype in V.FIXTURES and otype in counts):  # one television, one houseplant...
             return False
         counts[otype] = counts.get(otype, 0) + 1
         contents[rng.choice(homes)].append(f"{otype.lower()} {counts[otype]}")
         return True
 
-    if task_type == "look_at_obj_in_light":
-        surfaces = [name for rt, name in receps if rt in V.LAMP_SURFACES]
-        counts["DeskLamp"] = 1
-        contents[rng.choice(surfaces)].append("desklamp 1")
+    for lamp in floorplan_lamps(fp):  # the room's lamps (a look-at goal's lamp is one of them)
+        place(lamp, None)
     n_goal = rng.randint(2, 3) if task_type == "pick_two_obj_and_place" else rng.randint(1, 3)
     for _ in range(n_goal):
         if not place(gobj, target):
             raise ValueError(f"cannot place {gobj} in floorplan {fp}")
-    pool = sorted(V.ROOM_OBJECTS[room] - {gobj})
+    pool = sorted(V.ROOM_OBJECTS[room] - {gobj})  # takeable objects and fixtures (a houseplant, a television)
     n_extra = {"kitchen": (10, 24), "bathroom": (6, 12), "bedroom": (6, 14), "livingroom": (6, 14)}[room]
     for _ in range(rng.randint(*n_extra)):
         place(rng.choice(pool), None)

@@ -13,6 +13,7 @@ install instructions.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -24,9 +25,12 @@ from agentgym.envs.alfworld import vocab as V
 
 from agentgym.core import AgentEnv, StepResult
 from agentgym.errors import ConfigurationError, DependencyNotInstalled
+from agentgym.loading import LoadReport
 from agentgym.types import Message, TaskSpec
 
 __all__ = ["ALFWorldTWEnv", "scene_to_tw_game", "write_tw_game"]
+
+log = logging.getLogger(__name__)
 
 _INSTALL_HINT = (
     "ALFWorld-TW-v0 also needs ALFWorld's game files: run `alfworld-download` (it fills $ALFWORLD_DATA, "
@@ -95,8 +99,11 @@ class ALFWorldTWEnv(AgentEnv):
                 raise DependencyNotInstalled(
                     "agentgym/ALFWorld-TW-v0", "alfworld", _INSTALL_HINT + f" ({base} does not exist)"
                 )
+            self.load_log.env, self.load_log.source = "ALFWorld-TW-v0", str(base)
             for split, sub in _SPLIT_DIRS.items():
-                self._games[split] = _collect_games(base / sub)
+                self._games[split] = _collect_games(base / sub, self.load_log)
+            self.load_log.loaded = sum(len(g) for g in self._games.values())
+            self.load_log.warn(log)
         self._tw: Any = None
         self._adm: list[str] = []
 
@@ -176,19 +183,31 @@ class ALFWorldTWEnv(AgentEnv):
         super().close()
 
 
-def _collect_games(folder: Path) -> list[str]:
-    """ALFWorld's solvable, non-sliced, non-movable games under ``folder`` (as AlfredTWEnv picks them)."""
+def _collect_games(folder: Path, report: LoadReport | None = None) -> list[str]:
+    """ALFWorld's solvable, non-sliced, non-movable games under ``folder`` (as AlfredTWEnv picks them).
+
+    Every game left out is recorded in ``report`` with its reason.
+    """
     out: list[str] = []
     if not folder.is_dir():
         return out
+
+    def skip(game: Path, reason: str) -> None:
+        if report is not None:
+            report.skip(f"{folder.name}/{game.parent.parent.name}/{game.parent.name}", reason)
+
     for game in sorted(folder.glob("*/*/game.tw-pddl")):
         name = game.parent.parent.name
         if "movable" in name or "Sliced" in name:
+            skip(game, "movable-receptacle or sliced game (left out by ALFWorld's text env too)")
             continue
         try:
-            if not json.loads(game.read_text()).get("solvable", False):
-                continue
-        except (OSError, json.JSONDecodeError):
+            solvable = json.loads(game.read_text()).get("solvable", False)
+        except (OSError, json.JSONDecodeError, AttributeError):
+            skip(game, "unreadable game file")
+            continue
+        if not solvable:
+            skip(game, "game marked unsolvable")
             continue
         out.append(str(game))
     return out
@@ -241,7 +260,7 @@ def scene_to_tw_game(spec: S.SceneSpec, domain: str, grammar: str) -> dict[str, 
             objs.append(f"{oid} - object")
             init += [f"(inReceptacle {oid} {rid})", f"(objectAtLocation {oid} {loc})", f"(objectType {oid} {c.type}Type)"]
             flags = {
-                "pickupable": c.type not in V.TOGGLEABLE, "cleanable": c.type in V.CLEANABLE,
+                "pickupable": c.type in V.PICKUPABLE, "cleanable": c.type in V.CLEANABLE,
                 "heatable": c.type in V.HEATABLE, "coolable": c.type in V.COOLABLE,
                 "toggleable": c.type in V.TOGGLEABLE, "isReceptacleObject": c.type in V.RECEPTACLE_OBJECTS,
                 "isClean": c.clean, "isHot": c.hot, "isCool": c.cool,

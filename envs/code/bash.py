@@ -164,6 +164,23 @@ def builtin_bash_tasks(variants: int = 6, seed: int = 0) -> list[TaskSpec]:
     return out
 
 
+def _strip_answer(text: str, expected: str) -> str:
+    """``text`` without surrounding whitespace, quotes or backticks, or a sentence's final period.
+
+    Leading dots stay (``.plain.log`` is a file name), and a final period stays when the expected
+    answer ends with one.
+    """
+    prev = None
+    while prev != text:
+        prev = text
+        text = text.strip()
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"`":
+            text = text[1:-1]
+        if text.endswith(".") and not expected.endswith("."):
+            text = text[:-1]
+    return text
+
+
 def check_answer(check: dict[str, Any], answer: str, run_script: Callable[[str], int] | None = None) -> bool:
     """Apply a task's checker to ``answer``; ``run_script`` runs a check script, returning its exit code."""
     kind = check.get("type")
@@ -172,7 +189,7 @@ def check_answer(check: dict[str, Any], answer: str, run_script: Callable[[str],
         m = re.search(r"-?\d+", text.replace(",", ""))
         return m is not None and int(m.group()) == int(check["answer"])
     if kind == "string":
-        return text.strip("'\"` .") == str(check["answer"]).strip()
+        return _strip_answer(text, str(check["answer"]).strip()) == str(check["answer"]).strip()
     if kind == "script":
         if run_script is None:
             raise ConfigurationError("a script checker needs a sandbox session")

@@ -13,11 +13,13 @@ CodeContests-style stdin/stdout tasks), or a list of :class:`~agentgym.types.Tas
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from agentgym.core import AgentEnv
 from agentgym.errors import ConfigurationError
+from agentgym.loading import LoadReport
 from agentgym.sandbox import ExecResult, Sandbox, get_sandbox
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec, ToolCall
@@ -25,6 +27,8 @@ from agentgym.types import Message, TaskSpec, ToolCall
 from . import tasks as T
 
 __all__ = ["CodeEnv", "evaluate_submission", "format_call", "make_sandbox"]
+
+log = logging.getLogger(__name__)
 
 
 def make_sandbox(spec: str | Sandbox, **kwargs: Any) -> Sandbox:
@@ -105,7 +109,7 @@ class CodeEnv(AgentEnv):
             raise ConfigurationError(f"reward must be 'fraction' or 'binary', not {reward!r}")
         self.reward_mode = reward
         self.source = source if isinstance(source, str) else "custom"
-        self._tasks = self._load(source, path)
+        self._tasks = self._load(source, path, self.load_log)
         splits = tuple(dict.fromkeys(t.split for t in self._tasks))
         self.splits = tuple(s for s in ("train", "test") if s in splits) + tuple(  # type: ignore[misc]
             s for s in splits if s not in ("train", "test"))
@@ -120,7 +124,7 @@ class CodeEnv(AgentEnv):
         self.last_outcome: T.TestOutcome | None = None
 
     @staticmethod
-    def _load(source: str | Sequence[TaskSpec], path: str | None) -> list[TaskSpec]:
+    def _load(source: str | Sequence[TaskSpec], path: str | None, report: LoadReport) -> list[TaskSpec]:
         if not isinstance(source, str):
             tasks = list(source)
         elif source == "generated":
@@ -131,7 +135,10 @@ class CodeEnv(AgentEnv):
             if not path:
                 raise ConfigurationError(f"Code-v0 source={source!r} needs path=FILE (jsonl rows).")
             rows = T.load_rows(path)
-            tasks = T.mbpp_tasks(rows) if source == "mbpp" else T.stdio_tasks(rows)
+            report.env, report.source = "Code-v0", str(path)
+            tasks = T.mbpp_tasks(rows, report=report) if source == "mbpp" else T.stdio_tasks(rows, report=report)
+            report.loaded = len(tasks)
+            report.warn(log)
         else:
             raise ConfigurationError(
                 f"unknown Code-v0 source {source!r}; use generated, humaneval, mbpp, stdio or a list of TaskSpec.")

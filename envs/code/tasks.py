@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, ValidationError
+from agentgym.loading import LoadReport
 from agentgym.types import TaskSpec
 
 __all__ = [
@@ -205,18 +206,31 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def mbpp_tasks(rows: Iterable[Mapping[str, Any]], *, default_split: str = "test") -> list[TaskSpec]:
+def mbpp_tasks(rows: Iterable[Mapping[str, Any]], *, default_split: str = "test",
+               report: LoadReport | None = None) -> list[TaskSpec]:
     """MBPP-style rows: ``text``, ``code``, ``test_list`` (+ optional ``test_setup_code``,
-    ``challenge_test_list``, ``task_id``, ``split``)."""
+    ``challenge_test_list``, ``task_id``, ``split``).
+
+    A row with no test (nothing to score) or whose ``task_id`` repeats an earlier row's is left out
+    and recorded in ``report``; a row without ``text`` or ``test_list`` is an error.
+    """
     out: list[TaskSpec] = []
+    seen: set[str] = set()
     for i, r in enumerate(rows):
         try:
             text, tests = str(r["text"]), list(r["test_list"])
         except KeyError as e:
             raise ValidationError(f"MBPP row {i} lacks {e}; rows need text, code and test_list") from None
         tests += list(r.get("challenge_test_list") or [])
+        tid = f"mbpp/{r.get('task_id', i)}"
+        reason = "no test" if not tests else "duplicate task_id" if tid in seen else None
+        if reason is not None:
+            if report is not None:
+                report.skip(f"row {i}", reason)
+            continue
+        seen.add(tid)
         out.append(TaskSpec(
-            task_id=f"mbpp/{r.get('task_id', i)}", split=str(r.get("split", default_split)), task_type="mbpp",
+            task_id=tid, split=str(r.get("split", default_split)), task_type="mbpp",
             data={
                 "kind": "function",
                 "prompt": f"{text}\nYour code should pass tests like this one:\n{tests[0] if tests else ''}",
@@ -267,21 +281,29 @@ def _solution_from(r: Mapping[str, Any]) -> str:
     return ""
 
 
-def stdio_tasks(rows: Iterable[Mapping[str, Any]], *, default_split: str = "test") -> list[TaskSpec]:
+def stdio_tasks(rows: Iterable[Mapping[str, Any]], *, default_split: str = "test",
+                report: LoadReport | None = None) -> list[TaskSpec]:
     """Stdin/stdout tasks (LiveCodeBench / CodeContests / APPS style).
 
     A row needs a statement (``question_content``, ``question``, ``description`` or ``prompt``) and
     test cases in one of: ``tests: [{input, output}]``, ``input_output: {inputs, outputs}``,
     ``public_test_cases``/``private_test_cases`` (LiveCodeBench), ``public_tests``/
-    ``private_tests``/``generated_tests`` (CodeContests).
+    ``private_tests``/``generated_tests`` (CodeContests). A row whose id repeats an earlier row's is
+    left out and recorded in ``report``.
     """
     out: list[TaskSpec] = []
+    seen: set[str] = set()
     for i, r in enumerate(rows):
         text = next((r[k] for k in ("question_content", "question", "description", "prompt") if r.get(k)), None)
         cases = _cases_from(r)
         if text is None or not cases:
             raise ValidationError(f"stdio row {i} needs a statement and at least one test case")
         tid = r.get("question_id", r.get("task_id", r.get("name", i)))
+        if f"stdio/{tid}" in seen:
+            if report is not None:
+                report.skip(f"row {i}", "duplicate task id")
+            continue
+        seen.add(f"stdio/{tid}")
         out.append(TaskSpec(
             task_id=f"stdio/{tid}", split=str(r.get("split", default_split)), task_type="stdio",
             data={"kind": "stdio", "prompt": f"{text}\nRead from standard input and write to standard output.",

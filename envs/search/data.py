@@ -18,6 +18,7 @@ from agentgym.envs.search.remote import parse_contents
 from agentgym.envs.search.retrieval import Passage
 
 from agentgym.errors import DependencyNotInstalled, ValidationError
+from agentgym.loading import LoadReport
 
 __all__ = ["QARecord", "iter_wiki_corpus", "load_questions", "load_wiki_corpus"]
 
@@ -107,18 +108,29 @@ def _read_rows(p: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_questions(path: str | os.PathLike[str], limit: int | None = None) -> list[QARecord]:
-    """Read Search-R1 / FlashRAG question rows (JSONL, JSON or parquet)."""
+def load_questions(path: str | os.PathLike[str], limit: int | None = None,
+                   report: LoadReport | None = None) -> list[QARecord]:
+    """Read Search-R1 / FlashRAG question rows (JSONL, JSON or parquet).
+
+    A row whose id repeats an earlier row's is left out (two tasks cannot share an id); it is
+    recorded in ``report`` with its reason. A row without a question or answers is an error.
+    """
     p = Path(path)
     if not p.exists():
         raise ValidationError(f"Question file {p} does not exist.")
     out: list[QARecord] = []
+    seen: set[str] = set()
     for i, row in enumerate(_read_rows(p)):
         q = _question(row)
         answers = _answers(row)
         if q is None or not answers:
             raise ValidationError(f"{p}: row {i} needs 'question' and 'golden_answers' (or reward_model.ground_truth.target).")
         rid = row.get("id", (row.get("extra_info") or {}).get("index", i) if isinstance(row.get("extra_info"), dict) else i)
+        if str(rid) in seen:
+            if report is not None:
+                report.skip(f"{p.name} row {i}", "duplicate question id")
+            continue
+        seen.add(str(rid))
         out.append(QARecord(id=str(rid), question=q, answers=answers, source=str(row.get("data_source", p.stem))))
         if limit is not None and len(out) >= limit:
             break

@@ -14,6 +14,7 @@ through the constructor.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec, ToolCall
 
 __all__ = ["SearchEnv", "builtin_index", "builtin_world", "cache_root"]
+
+log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _WORLDS: dict[tuple[Any, ...], GeneratedWorld] = {}
@@ -165,10 +168,13 @@ class SearchEnv(AgentEnv):
             from agentgym.envs.search.data import load_questions
 
             files = {"test": questions} if isinstance(questions, (str, os.PathLike)) else dict(questions)
+            self.load_log.env, self.load_log.source = "Search-v0", ", ".join(str(p) for p in files.values())
             for split, path in files.items():
                 self._tasks[split] = [TaskSpec(f"{split}-{r['id']}", split, str(r["source"]),
                                                {"question": r["question"], "answers": list(r["answers"])})
-                                      for r in load_questions(path)]
+                                      for r in load_questions(path, report=self.load_log)]
+            self.load_log.loaded = sum(len(v) for v in self._tasks.values())
+            self.load_log.warn(log)
             self.splits = tuple(self._tasks)  # type: ignore[misc]  # per-instance: the file's splits
             self.default_split = "train" if "train" in self._tasks else self.splits[0]  # type: ignore[misc]
         self._search_log: list[tuple[str, int, list[Hit]]] = []

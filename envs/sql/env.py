@@ -46,10 +46,9 @@ from .db import (
     has_order_by,
     results_match,
     snapshot_from_file,
-    snapshot_from_sql,
 )
 
-__all__ = ["AgentBenchSQLEnv", "BaseSQLEnv", "SQLEnv", "SpiderSQLEnv"]
+__all__ = ["BaseSQLEnv", "SQLEnv", "SpiderSQLEnv"]
 
 log = logging.getLogger(__name__)
 KINDS = ("query", "answer", "state")
@@ -436,6 +435,7 @@ class SpiderSQLEnv(BaseSQLEnv):
             known_ids = {str(t["db_id"]) for t in _read_json(root / "tables.json")}
         self._tasks: dict[str, list[TaskSpec]] = {}
         self._db_paths: dict[str, Path] = {}
+        self.load_log.env, self.load_log.source = "SQL-Spider-v0", str(root)
         for split, files in (split_files or self.DEFAULT_SPLITS).items():
             found = [root / f for f in files if (root / f).exists()]
             if not found:
@@ -450,6 +450,8 @@ class SpiderSQLEnv(BaseSQLEnv):
             raise ConfigurationError(f"SQL-Spider-v0: no question file under {str(root)!r}; looked for {', '.join(wanted)}.")
         self.splits = tuple(self._tasks)  # type: ignore[misc]
         self.default_split = "train" if "train" in self._tasks else self.splits[0]  # type: ignore[misc]
+        self.load_log.loaded = sum(len(v) for v in self._tasks.values())
+        self.load_log.warn(log)  # every row becomes a task (a malformed row is an error): INFO
 
     def _make_task(self, split: str, stem: str, i: int, ex: Any, dirs: list[Path], known: set[str] | None) -> TaskSpec:
         where = f"{stem}.json item {i}"
@@ -494,169 +496,3 @@ def _read_json(path: Path) -> list[Any]:
     if not isinstance(data, list):
         raise ValidationError(f"{str(path)!r} must hold a JSON list.")
     return data
-
-
-MODIFY = ("INSERT", "UPDATE", "DELETE")
-
-
-class AgentBenchSQLEnv(BaseSQLEnv):
-    """AgentBench DB-Bench (dbbench) tasks, each with its own table(s) built in SQLite.
-
-    Reads a JSONL file (one task per line; a ``.json`` list also works) with ``description``,
-    ``label``, ``table`` (``table_name`` and ``table_info`` with ``columns`` ``[{"name", "type"}]``
-    and ``rows``; or a list of such tables), ``type`` (a string or one-item list), ``sql``
-    (``{"query": ...}`` or a string) and optional ``add_description``/``evidence``.
-
-    ``type`` decides scoring: ``INSERT``/``UPDATE``/``DELETE`` use table-state match against the
-    gold ``sql`` run on a fresh copy (AgentBench's MySQL ``answer_md5`` cannot be reproduced in
-    SQLite, so such a task without ``sql`` is skipped with a log message); every other type
-    (``SELECT``, ``counting``, ``ranking``, ``aggregation-*``...) uses answer match on ``label``.
-
-    Column types: AgentBench builds every column as ``TEXT`` in MySQL, whose comparisons then cast
-    to numbers. SQLite does not, so a column whose values are all integers (or all numbers) is
-    declared ``INTEGER`` (``REAL``) here; anything else stays ``TEXT``.
-
-    Args:
-        path: The JSONL (or JSON) file.
-        split: The split name its tasks get (default ``test``).
-    """
-
-    def __init__(self, path: str | os.PathLike[str] | None = None, split: str = "test", **kwargs: Any) -> None:
-        p = _need_path(path, "SQL-AgentBench-v0", "an AgentBench dbbench JSONL file (e.g. dbbench/standard.jsonl)")
-        if p.is_dir():
-            raise ConfigurationError(f"SQL-AgentBench-v0: path {str(p)!r} is a folder; pass the JSONL file.")
-        super().__init__(**kwargs)
-        self.path = p
-        self.splits = (split,)  # type: ignore[misc]
-        self.default_split = split  # type: ignore[misc]
-        self._tasks = self._load(p, split)
-        if not self._tasks:
-            raise ConfigurationError(f"SQL-AgentBench-v0: {str(p)!r} holds no usable task.")
-        self._cache = _SnapshotCache(256 * 1024 * 1024)
-
-    @staticmethod
-    def _entries(p: Path) -> list[Any]:
-        text = p.read_text(encoding="utf-8")
-        if p.suffix == ".json":
-            data = json.loads(text)
-            return data if isinstance(data, list) else [data]
-        out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValidationError(f"SQL-AgentBench-v0: {p.name} line {n} is not JSON: {e}") from e
-        return out
-
-    def _load(self, p: Path, split: str) -> list[TaskSpec]:
-        tasks: list[TaskSpec] = []
-        for i, e in enumerate(self._entries(p)):
-            where = f"{p.name} entry {i}"
-            if not isinstance(e, dict) or "description" not in e or "table" not in e:
-                raise ValidationError(f"SQL-AgentBench-v0: {where} needs 'description' and 'table'.")
-            typ = e.get("type", "SELECT")
-            typ = str(typ[0] if isinstance(typ, list) and typ else typ)
-            sql = e.get("sql")
-            sql = sql.get("query") if isinstance(sql, dict) else sql
-            tables = e["table"] if isinstance(e["table"], list) else [e["table"]]
-            script = _tables_script(tables, where)
-            data: dict[str, Any] = {
-                "question": str(e["description"]), "add_description": str(e.get("add_description") or ""),
-                "evidence": str(e.get("evidence") or ""), "type": typ, "script": script,
-                "tables": [str(t["table_name"]) for t in tables],
-            }
-            if isinstance(sql, str):
-                data["sql"] = sql
-            if typ.upper() in MODIFY:
-                if not isinstance(sql, str):
-                    log.info("SQL-AgentBench-v0: skipping %s: %s task without sql.query", where, typ)
-                    continue
-                data["kind"] = "state"
-            else:
-                label = e.get("label")
-                if label is None:
-                    raise ValidationError(f"SQL-AgentBench-v0: {where} ({typ}) has no 'label'.")
-                data["label"] = [str(x) if x is not None else None for x in (label if isinstance(label, list) else [label])]
-                data["kind"] = "answer"
-            tasks.append(TaskSpec(f"dbbench-{i}", split, typ.lower(), data))
-        return tasks
-
-    def tasks(self, split: str = "test") -> Sequence[TaskSpec]:
-        return self._tasks if split in self.splits else []
-
-    def _question(self, task: TaskSpec) -> str:
-        d = task.data
-        q = ""
-        if d.get("evidence"):
-            q += f"Evidence about the question: {d['evidence']}\n"
-        if d.get("add_description"):
-            q += f"Additional table information about the question: {d['add_description']}\n"
-        return q + str(d["question"])
-
-    def _snapshot(self, task: TaskSpec) -> bytes:
-        return self._cache.get(task.task_id, lambda: snapshot_from_sql(str(task.data["script"])))
-
-
-def _column_type(values: list[Any]) -> str:
-    vals = [v for v in values if v is not None and str(v).strip() != ""]
-    if not vals:
-        return "TEXT"
-
-    def is_int(v: Any) -> bool:
-        if isinstance(v, bool):
-            return False
-        if isinstance(v, int):
-            return True
-        s = str(v).strip()
-        return s.lstrip("+-").isdigit() and not (len(s.lstrip("+-")) > 1 and s.lstrip("+-").startswith("0"))
-
-    def is_num(v: Any) -> bool:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return True
-        try:
-            float(str(v))
-        except ValueError:
-            return False
-        return str(v).strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity")
-
-    if all(is_int(v) for v in vals):
-        return "INTEGER"
-    if all(is_num(v) for v in vals):
-        return "REAL"
-    return "TEXT"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _sql_value(v: Any) -> str:
-    if v is None:
-        return "NULL"
-    if isinstance(v, bool):
-        return str(int(v))
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return "'" + str(v).replace("'", "''") + "'"
-
-
-def _tables_script(tables: list[Any], where: str) -> str:
-    out = ["BEGIN;"]
-    for t in tables:
-        try:
-            name = str(t["table_name"])
-            cols = [str(c["name"]) for c in t["table_info"]["columns"]]
-            rows = t["table_info"]["rows"]
-        except (KeyError, TypeError) as e:
-            raise ValidationError(f"SQL-AgentBench-v0: {where}: table needs table_name and table_info "
-                                  f"{{columns: [{{name, type}}], rows}} ({e}).") from e
-        if any(len(r) != len(cols) for r in rows):
-            raise ValidationError(f"SQL-AgentBench-v0: {where}: table {name!r} has a row whose length differs "
-                                  f"from its {len(cols)} columns.")
-        types = [_column_type([r[j] for r in rows]) for j in range(len(cols))]
-        out.append(f"CREATE TABLE {_ident(name)} (" + ", ".join(f"{_ident(c)} {ty}" for c, ty in zip(cols, types, strict=True)) + ");")
-        for r in rows:
-            out.append(f"INSERT INTO {_ident(name)} VALUES (" + ", ".join(_sql_value(v) for v in r) + ");")
-    out.append("COMMIT;")
-    return "\n".join(out)

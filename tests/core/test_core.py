@@ -166,3 +166,16 @@ def test_check_env_on_demo_all_parsers() -> None:
     for parser in ("hermes", "json", "react"):
         report = agentgym.check_env(agentgym.make("Demo-v0", parser=parser))
         assert len(report.passed) == 6, report
+
+
+def test_load_report_defaults_to_the_split_size_with_nothing_skipped() -> None:
+    import agentgym
+
+    env = agentgym.make("agentgym/Demo-v0").unwrapped
+    rep = env.load_report("test")
+    assert rep["loaded"] == len(env.tasks("test")) > 0 and rep["skipped"] == 0 and rep["skip_reasons"] == {}
+    assert env.load_report()["loaded"] == sum(len(env.tasks(s)) for s in env.splits)
+    env.load_log.skip("row 3", "no label")
+    env.load_log.loaded = 7
+    assert env.load_report("test") | {"skipped_items": None} == {
+        "source": None, "loaded": 7, "skipped": 1, "skip_reasons": {"no label": 1}, "skipped_items": None, "notes": {}}

@@ -183,3 +183,28 @@ def test_bad_timeouts_are_rejected(tmp_path: Path) -> None:
     for opt in ("--request-timeout", "--deadline"):
         r = run("eval", "--env", "agentgym/Demo-v0", "--policy", "expert", "--out", str(tmp_path / "o"), opt, "0", "-q")
         assert r.returncode == 2 and "positive number of seconds" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_eval_records_and_prints_loaded_and_skipped_tasks(tmp_path: Path) -> None:
+    medals = {"table_name": "Medals", "table_info": {"columns": [{"name": "Nation", "type": "TEXT"},
+                                                                 {"name": "Gold", "type": "INT"}],
+                                                     "rows": [["Norway", "16"], ["Chile", "2"]]}}
+    rows = [
+        {"description": "Which nation won 16 gold medals?", "label": ["Norway"], "table": medals, "type": ["other"]},
+        {"description": "How many nations?", "label": ["2"], "table": medals, "type": ["counting"]},
+        {"description": "No label here.", "table": medals, "type": ["other"]},
+        {"description": "Rename Chile.", "label": ["UPDATE Medals SET Nation = SUBSTRING_INDEX(Nation, 'l', 1)"], "table": medals,
+         "type": ["UPDATE"], "answer_md5": "[('0',)]"},
+    ]
+    data = tmp_path / "dbbench.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "run"
+    r = run("eval", "--env", "agentgym/SQL-AgentBench-v0", "--env-kwarg", f"path={data}", "--policy", "expert",
+            "--out", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    assert ("SQL-AgentBench-v0: tasks: 2 loaded, 2 evaluated, 2 skipped (1 x select row without a label; "
+            "1 x gold SQL fails in SQLite: MySQL-only function SUBSTRING_INDEX())") in r.stdout
+    tasks = json.loads((out / "summary.json").read_text())["envs"]["agentgym/SQL-AgentBench-v0"]["tasks"]
+    assert tasks["loaded"] == 2 and tasks["skipped"] == 2 and tasks["evaluated"] == 2
+    assert [i["item"] for i in tasks["skipped_items"]] == ["row 2 (other)", "row 3 (UPDATE)"]
+    assert "SQL-AgentBench-v0: loaded 2 task(s)" in r.stderr and "skipped 2" in r.stderr  # the loader's WARNING

@@ -229,9 +229,34 @@ class FakeTokenPolicy(FakePolicy):
         return out
 
 
-def slow_expert() -> TickPolicy:
-    """For CLI subprocess tests (``--policy py:rollout_fakes:slow_expert``)."""
-    return TickPolicy(latency=0.3, policy_id="slow-expert")
+class DemoPlayer(FakePolicy):
+    """Plays Demo-v0 by binary search read from the conversation, with an async latency."""
+
+    def __init__(self, latency: float = 0.0, policy_id: str = "demo-player") -> None:
+        self.latency = latency
+        self.policy_id = policy_id
+
+    async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        out = []
+        for r in requests:
+            lo, hi, last = 0, 63, None
+            for m in r.messages or []:
+                if m["role"] == "assistant":
+                    g = re.search(r'"n":\s*(-?\d+)', m["content"])
+                    last = int(g.group(1)) if g else None
+                elif m["role"] == "tool" and last is not None:
+                    lo, hi = (max(lo, last + 1), hi) if m["content"] == "higher" else (lo, min(hi, last - 1)) \
+                        if m["content"] == "lower" else (lo, hi)
+            text = f'<tool_call>{{"name": "guess", "arguments": {{"n": {(lo + hi) // 2}}}}}</tool_call>'
+            out.append(Generation(text=text, token_ids=[1, 2, 3], logprobs=[-0.1] * 3))
+        return out
+
+
+def slow_expert() -> DemoPlayer:
+    """For CLI subprocess tests on Demo-v0 (``--policy py:rollout_fakes:slow_expert``)."""
+    return DemoPlayer(latency=0.3, policy_id="slow-expert")
 
 
 def counter_env(env_id: str) -> Any:

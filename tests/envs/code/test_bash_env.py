@@ -98,6 +98,12 @@ def test_check_answer_kinds() -> None:
     assert not check_answer({"type": "int", "answer": 12}, "none")
     assert check_answer({"type": "string", "answer": "bob"}, " 'bob'. ")
     assert not check_answer({"type": "string", "answer": "bob"}, "bobby")
+    # leading dots are part of the answer (AgentBench's ".plain.log" task); quotes and a final period are not
+    assert check_answer({"type": "string", "answer": ".plain.log"}, ".plain.log")
+    assert check_answer({"type": "string", "answer": ".plain.log"}, "`.plain.log`.")
+    assert not check_answer({"type": "string", "answer": ".plain.log"}, "plain.log")
+    assert not check_answer({"type": "string", "answer": "plain.log"}, ".plain.log")
+    assert check_answer({"type": "string", "answer": "v1.2."}, "v1.2.")
     assert check_answer({"type": "script", "script": 'test "$1" = hi'}, "hi", lambda s: 0 if "set -- hi" in s else 1)
     with pytest.raises(ConfigurationError):
         check_answer({"type": "regex"}, "x")

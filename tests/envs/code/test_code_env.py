@@ -324,3 +324,25 @@ def test_process_backend_selectable() -> None:
 def test_unknown_source_raises() -> None:
     with pytest.raises(ConfigurationError, match="unknown Code-v0 source"):
         CodeEnv(source="nope")
+
+
+def test_mbpp_rows_without_tests_or_with_repeated_ids_are_skipped_with_a_warning(tmp_path, caplog) -> None:
+    import logging
+
+    rows = [
+        {"task_id": 2, "text": "Add.", "code": "def add(a, b):\n    return a + b", "test_list": ["assert add(1, 2) == 3"]},
+        {"task_id": 2, "text": "Add again.", "code": "", "test_list": ["assert add(2, 2) == 4"]},
+        {"task_id": 5, "text": "Untested.", "code": "", "test_list": []},
+    ]
+    p = tmp_path / "mbpp.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    with caplog.at_level(logging.WARNING, logger="agentgym.envs.code.env"):
+        e = CodeEnv(source="mbpp", path=str(p))
+    try:
+        assert [t.task_id for t in e.tasks("test")] == ["mbpp/2"]
+        rep = e.load_report()
+        assert rep["loaded"] == 1 and rep["skip_reasons"] == {"duplicate task_id": 1, "no test": 1}
+        assert [i["item"] for i in rep["skipped_items"]] == ["row 1", "row 2"]
+        assert any("skipped 2" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    finally:
+        e.close()

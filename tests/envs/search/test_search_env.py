@@ -223,3 +223,19 @@ def test_saved_index_option(tmp_path: Path, wiki_corpus: Path, questions_jsonl: 
     env.reset(options={"task_id": "test-q0"})
     msgs, *_ = env.step(_call("search", query="capital of France", k=1))
     assert "Title: Paris" in msgs[0]["content"]
+
+
+def test_duplicate_question_ids_are_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    p = tmp_path / "nq.jsonl"
+    rows = [{"id": "q0", "question": "a?", "golden_answers": ["A"]}, {"id": "q1", "question": "b?", "golden_answers": ["B"]},
+            {"id": "q0", "question": "a again?", "golden_answers": ["A"]}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with caplog.at_level(logging.WARNING, logger="agentgym.envs.search.env"):
+        env = SearchEnv(questions=str(p), corpus=None)
+    assert [t.task_id for t in env.tasks("test")] == ["test-q0", "test-q1"]
+    rep = env.load_report("test")
+    assert rep["loaded"] == 2 and rep["skipped"] == 1 and rep["skip_reasons"] == {"duplicate question id": 1}
+    assert any("Search-v0: loaded 2 task(s)" in r.getMessage() and "1 x duplicate question id" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)

@@ -1,4 +1,4 @@
-"""Spider/BIRD and AgentBench dbbench loaders, on fixture files written here."""
+"""The Spider/BIRD loader, on fixture files written here (AgentBench: test_sql_agentbench.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentgym.envs.sql.env import AgentBenchSQLEnv, SpiderSQLEnv
+from agentgym.envs.sql.env import SpiderSQLEnv
 
 import agentgym
 from agentgym.checker import check_env
@@ -147,127 +147,6 @@ def test_spider_bad_layouts(tmp_path: Path, spider: Path) -> None:
     (spider / "dev.json").write_text(json.dumps([{"db_id": "pets_1", "question": "q"}]))
     with pytest.raises(ValidationError, match="query"):
         SpiderSQLEnv(path=spider)
-
-
-# ---------------------------------------------------------------------------- AgentBench
-
-def table(name: str, cols: list[str], rows: list[list[Any]]) -> dict[str, Any]:
-    return {"table_name": name, "table_info": {"columns": [{"name": c, "type": "TEXT"} for c in cols], "rows": rows}}
-
-
-MEDALS = table("Olympic Medals", ["Nation", "Gold", "Silver", "Total"], [
-    ["Norway", "16", "8", "39"], ["Germany", "12", "10", "31"], ["Canada", "11", "8", "26"],
-    ["United States", "9", "8", "37"], ["Netherlands", "8", "6", "20"],
-])
-DBBENCH = [
-    {"description": "Which nation won more than 10 gold medals and has the largest total?",
-     "label": ["Norway"], "table": MEDALS, "type": ["SELECT"], "add_description": "The table is Olympic Medals.",
-     "sql": {"query": "SELECT Nation FROM `Olympic Medals` WHERE Gold > 10 ORDER BY Total DESC LIMIT 1"}},
-    {"description": "How many nations won at least 9 gold medals?", "label": ["4"], "table": MEDALS,
-     "type": ["counting"], "add_description": "", "sql": {"query": "SELECT COUNT(*) FROM `Olympic Medals` WHERE Gold >= 9"}},
-    {"description": "What is the total number of silver medals?", "label": [40.0], "table": [MEDALS],
-     "type": "aggregation-SUM", "sql": {"query": "SELECT SUM(Silver) FROM `Olympic Medals`"}},
-    {"description": "Add Japan with 3 gold, 6 silver and 13 in total.", "label": "", "table": MEDALS,
-     "type": ["INSERT"], "add_description": "",
-     "sql": {"query": "INSERT INTO `Olympic Medals` (Nation, Gold, Silver, Total) VALUES ('Japan', '3', '6', '13')"}},
-    {"description": "Set Canada's gold count to 12.", "table": MEDALS, "type": ["UPDATE"],
-     "answer_md5": "abc", "sql": {"query": "UPDATE `Olympic Medals` SET Gold = 12 WHERE Nation = 'Canada'"}},
-    {"description": "Remove nations with fewer than 25 medals in total.", "table": MEDALS, "type": ["DELETE"],
-     "sql": {"query": "DELETE FROM `Olympic Medals` WHERE Total < 25"}},
-    {"description": "A modification task without gold SQL cannot be scored in SQLite.", "table": MEDALS,
-     "type": ["UPDATE"], "answer_md5": "abc"},
-]
-
-
-@pytest.fixture
-def dbbench(tmp_path: Path) -> Path:
-    p = tmp_path / "standard.jsonl"
-    p.write_text("\n".join(json.dumps(e) for e in DBBENCH) + "\n")
-    return p
-
-
-def test_agentbench_loads_and_scores_by_type(dbbench: Path) -> None:
-    e = AgentBenchSQLEnv(path=dbbench)
-    tasks = e.tasks("test")
-    assert [t.data["kind"] for t in tasks] == ["answer", "answer", "answer", "state", "state", "state"]
-    assert [t.task_type for t in tasks] == ["select", "counting", "aggregation-sum", "insert", "update", "delete"]
-    for t in tasks:
-        obs, _ = e.reset(options={"task_id": t.task_id})
-        assert t.data["question"] in obs[1]["content"]
-        _, reward, term, _, info = e.step(e.expert_action())
-        assert term and reward == 1.0 and info["success"], t.task_id
-    obs, _ = e.reset(options={"task_id": tasks[0].task_id})
-    assert "Additional table information about the question: The table is Olympic Medals." in obs[1]["content"]
-    e.close()
-
-
-def test_agentbench_numeric_columns_compare_as_numbers(dbbench: Path) -> None:
-    e = AgentBenchSQLEnv(path=dbbench)
-    e.reset(options={"task_id": "dbbench-0"})
-    obs, *_ = e.step(call("execute_sql", query="SELECT Nation FROM `Olympic Medals` WHERE Gold > 10 ORDER BY Gold"))
-    assert obs[0]["content"].split("\n")[1:4] == ["Canada", "Germany", "Norway"]
-    obs, *_ = e.step(call("execute_sql", query="SELECT typeof(Gold), typeof(Nation) FROM `Olympic Medals` LIMIT 1"))
-    assert "integer | text" in obs[0]["content"]
-    e.close()
-
-
-def test_agentbench_wrong_and_alternative_answers(dbbench: Path) -> None:
-    e = AgentBenchSQLEnv(path=dbbench)
-    cases = [
-        ("dbbench-0", call("submit", answer=["Germany"]), 0.0),
-        ("dbbench-0", call("submit", answer=[" norway "]), 1.0),
-        ("dbbench-1", call("submit", answer=["5"]), 0.0),
-        ("dbbench-1", call("submit", answer=[4]), 1.0),
-        ("dbbench-1", call("submit", query="SELECT COUNT(*) FROM `Olympic Medals` WHERE Gold >= 9"), 1.0),
-        ("dbbench-2", call("submit", answer=["40"]), 1.0),
-        ("dbbench-2", call("submit", answer=["40", "1"]), 0.0),
-        ("dbbench-3", call("submit"), 0.0),  # nothing inserted
-        ("dbbench-4", call("submit", query="UPDATE `Olympic Medals` SET Gold = 13 WHERE Nation = 'Canada'"), 0.0),
-        ("dbbench-5", call("submit", query="DELETE FROM `Olympic Medals` WHERE Total < 20"), 0.0),
-    ]
-    for task_id, action, want in cases:
-        e.reset(options={"task_id": task_id})
-        _, reward, term, *_ = e.step(action)
-        assert term and reward == want, (task_id, action)
-    # the change made through execute_sql, then a bare submit
-    e.reset(options={"task_id": "dbbench-4"})
-    e.step(call("execute_sql", query="UPDATE `Olympic Medals` SET Gold = '12' WHERE Nation = 'Canada'"))
-    _, reward, *_ = e.step(call("submit"))
-    assert reward == 1.0
-    e.close()
-
-
-def test_agentbench_react_parser(dbbench: Path) -> None:
-    e = AgentBenchSQLEnv(path=dbbench, parser="react")
-    e.reset(options={"task_id": "dbbench-0"})
-    assert e.expert_action() == 'Action: submit[["Norway"]]'
-    _, reward, *_ = e.step(e.expert_action())
-    assert reward == 1.0
-    e.close()
-
-
-def test_agentbench_check_env(dbbench: Path) -> None:
-    env = agentgym.make("agentgym/SQL-AgentBench-v0", path=str(dbbench))
-    check_env(env)
-    env.close()
-
-
-def test_agentbench_bad_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="path="):
-        AgentBenchSQLEnv()
-    with pytest.raises(ConfigurationError, match="folder"):
-        AgentBenchSQLEnv(path=tmp_path)
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"description": "x"\n')
-    with pytest.raises(ValidationError, match="line 1"):
-        AgentBenchSQLEnv(path=bad)
-    bad.write_text(json.dumps({"description": "x", "type": ["SELECT"], "label": ["1"],
-                               "table": table("t", ["a", "b"], [["1"]])}) + "\n")
-    with pytest.raises(ValidationError, match="length"):
-        AgentBenchSQLEnv(path=bad)
-    bad.write_text(json.dumps({"description": "x", "type": ["SELECT"], "table": table("t", ["a"], [["1"]])}) + "\n")
-    with pytest.raises(ValidationError, match="label"):
-        AgentBenchSQLEnv(path=bad)
 
 
 def test_spider_big_databases_open_read_only(spider: Path) -> None:

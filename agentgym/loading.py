@@ -1,0 +1,95 @@
+"""What an env's task loader kept and what it left out: :class:`LoadReport`.
+
+A loader that reads a benchmark's files may not turn every row into a task (a row it cannot
+score, a game the engine cannot play, a duplicate id). It must never drop one silently: it
+records each skipped row with its reason, and logs one WARNING with the counts. The eval reads
+the report through :meth:`AgentEnv.load_report() <agentgym.core.AgentEnv.load_report>` and
+records it in ``summary.json``::
+
+    report = LoadReport("SQL-AgentBench-v0", source="dbbench/standard.jsonl")
+    for i, row in enumerate(rows):
+        if not scorable(row):
+            report.skip(f"row {i}", "no label and no answer_md5")
+            continue
+        tasks.append(make_task(row))
+    report.loaded = len(tasks)
+    report.warn(log)   # one WARNING line when anything was skipped
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LoadReport"]
+
+MAX_LISTED = 200  # skipped items listed by name in to_dict(); the counts always cover all of them
+
+
+@dataclass
+class LoadReport:
+    """Counts of loaded and skipped tasks, with a reason per skipped row.
+
+    Attributes:
+        env: The env's short name (``"SQL-AgentBench-v0"``), used in the log line.
+        source: Where the rows came from (a path, ``"generated"``...).
+        loaded: Tasks the loader produced (all splits).
+        skipped: ``(item, reason)`` per left-out row; ``item`` names the row (``"row 12"``, a file).
+        notes: Facts about loaded tasks worth recording (e.g. how many needed a dialect fix).
+    """
+
+    env: str = ""
+    source: str = ""
+    loaded: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, item: str, reason: str) -> None:
+        """Record that ``item`` was left out because of ``reason`` (keep reasons short and shared)."""
+        self.skipped.append((str(item), str(reason)))
+
+    def note(self, key: str, n: int = 1) -> None:
+        """Count a fact about the loaded tasks (``notes[key] += n``)."""
+        self.notes[key] = self.notes.get(key, 0) + n
+
+    @property
+    def n_skipped(self) -> int:
+        return len(self.skipped)
+
+    def reasons(self) -> dict[str, int]:
+        """Skipped rows per reason, most common first."""
+        return dict(Counter(r for _, r in self.skipped).most_common())
+
+    def summary(self) -> str:
+        """One line: ``loaded N task(s) from SOURCE; skipped M: 3 x reason A; 1 x reason B``."""
+        head = f"{self.env + ': ' if self.env else ''}loaded {self.loaded} task(s)"
+        if self.source:
+            head += f" from {self.source}"
+        if not self.skipped:
+            return head + "; skipped none"
+        parts = "; ".join(f"{n} x {r}" for r, n in self.reasons().items())
+        return f"{head}; skipped {self.n_skipped}: {parts}"
+
+    def warn(self, logger: logging.Logger) -> None:
+        """Log :meth:`summary` at WARNING if anything was skipped (at INFO otherwise)."""
+        logger.log(logging.WARNING if self.skipped else logging.INFO, "%s", self.summary())
+
+    def merge(self, other: LoadReport) -> None:
+        """Add another report's counts (e.g. one per split file) into this one."""
+        self.loaded += other.loaded
+        self.skipped.extend(other.skipped)
+        for k, v in other.notes.items():
+            self.note(k, v)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, as recorded in an eval's ``summary.json``."""
+        return {
+            "source": self.source or None,
+            "loaded": self.loaded,
+            "skipped": self.n_skipped,
+            "skip_reasons": self.reasons(),
+            "skipped_items": [{"item": i, "reason": r} for i, r in self.skipped[:MAX_LISTED]],
+            "notes": dict(self.notes),
+        }
