@@ -231,6 +231,7 @@ class EpisodeDB:
             address space is limited to this plus 512 MiB.
         kill_grace_s: How long after its deadline a statement stuck in one SQLite call may run
             before the worker is killed and the database rebuilt.
+        collations: Named collations to register (``"MYSQL_AI_CI"``; see ``db_worker.COLLATIONS``).
     """
 
     def __init__(
@@ -244,6 +245,7 @@ class EpisodeDB:
         max_sql_chars: int = 200_000,
         max_memory_mb: int = 512,
         kill_grace_s: float = 0.5,
+        collations: Sequence[str] = (),
     ) -> None:
         if (snapshot is None) == (readonly_path is None):
             raise ValueError("EpisodeDB needs exactly one of snapshot and readonly_path")
@@ -251,7 +253,7 @@ class EpisodeDB:
         self.kill_grace_s = float(kill_grace_s)
         self.readonly = readonly_path is not None
         self._open_args = (snapshot, readonly_path, int(max_db_bytes), int(max_value_bytes), int(max_sql_chars),
-                           int(max_memory_mb))
+                           int(max_memory_mb), tuple(str(c) for c in collations))
         self._memory_limit_mb = int(max_memory_mb) + 512
         self._log: list[str] = []  # statements that changed the database, replayed after a kill
         self._worker: _Worker | None = None

@@ -18,6 +18,8 @@ import sqlite3
 import struct
 import sys
 import time
+import unicodedata
+from functools import lru_cache
 
 PAGE_SIZE = 4096
 READ_PRAGMAS = frozenset({
@@ -31,8 +33,23 @@ READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQ
 MAX_FETCH = 1_000_000
 
 
+@lru_cache(maxsize=65536)
+def _ci_key(s):
+    return "".join(ch for ch in unicodedata.normalize("NFKD", s) if not unicodedata.combining(ch)).casefold()
+
+
+def mysql_ci(a, b):
+    """MySQL 8's default collation, approximately: case- and accent-insensitive, trailing spaces significant."""
+    ka, kb = _ci_key(a), _ci_key(b)
+    return (ka > kb) - (ka < kb)
+
+
+COLLATIONS = {"MYSQL_AI_CI": mysql_ci}  # collations an episode may ask for, by name
+
+
 class Episode:
-    def __init__(self, snapshot, readonly_path, max_db_bytes, max_value_bytes, max_sql_chars, max_memory_mb):
+    def __init__(self, snapshot, readonly_path, max_db_bytes, max_value_bytes, max_sql_chars, max_memory_mb,
+                 collations=()):
         self.deadline = math.inf
         self.wrote = False
         if readonly_path is not None:
@@ -55,6 +72,8 @@ class Episode:
         conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, int(max_sql_chars))
         conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 10_000)
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        for name in collations:
+            conn.create_collation(name, COLLATIONS[name])
         conn.set_authorizer(self.authorize)
         conn.set_progress_handler(self.progress, 1000)
         self.conn = conn

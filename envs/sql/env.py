@@ -118,8 +118,11 @@ class BaseSQLEnv(AgentEnv):
         return str(task.data.get("db_id", task.task_id))
 
     # ------------------------------------------------------------------ episode
+    collations: tuple[str, ...] = ()  # named collations every episode database registers
+
     def _new_db(self, task: TaskSpec) -> EpisodeDB:
-        return EpisodeDB(self._snapshot(task), timeout_s=self.timeout_s, max_db_bytes=self.max_db_bytes)
+        return EpisodeDB(self._snapshot(task), timeout_s=self.timeout_s, max_db_bytes=self.max_db_bytes,
+                         collations=self.collations)
 
     def system_prompt(self) -> str:
         return (
@@ -483,7 +486,7 @@ class SpiderSQLEnv(BaseSQLEnv):
     def _new_db(self, task: TaskSpec) -> EpisodeDB:
         path = self._db_paths[str(task.data["db_id"])]
         if path.stat().st_size > self.max_copy_bytes:
-            return EpisodeDB(readonly_path=str(path), timeout_s=self.timeout_s)
+            return EpisodeDB(readonly_path=str(path), timeout_s=self.timeout_s, collations=self.collations)
         return super()._new_db(task)
 
 
