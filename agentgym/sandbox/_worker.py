@@ -12,8 +12,8 @@ Three entry points (``python3 -I -S _worker.py MODE``):
   and ``/dev/shm``; the program runs in a grandchild with every capability dropped,
   ``no_new_privs`` and a seccomp filter. When the run's init exits the kernel kills whatever the
   program left running and the mounts and IPC objects vanish, so nothing survives a run.
-* ``boot``: one docker run (see :func:`boot`).
-* ``proc``: the process backend's supervisor (see :func:`supervise`).
+* ``boot``: one docker run (see :func:`boot`); ``kill``: clean a container whose run hung.
+* ``zygote``: the process backend's zygote, which forks a supervisor per run (see :func:`supervise`).
 """
 
 import base64
@@ -808,17 +808,75 @@ def _stop(*_args):
     raise _Stop
 
 
-def supervise():
-    """Process-backend mode: the supervisor of one run (``_worker.py proc REQ_FD STATUS_FD``).
+def zygote_main():
+    """Process-backend mode: fork a :func:`supervise` per run (``_worker.py zygote SOCKET_FD``).
+
+    Saves each run an interpreter start. A request on the Unix socket is one byte plus five file
+    descriptors (request memfd, status pipe, and the program's stdin, stdout and stderr); the answer
+    is the supervisor's pid (4 bytes) plus a pidfd for it, so the host can signal it without racing
+    pid reuse. Exits when the socket closes.
+    """
+    import socket
+
+    sock = socket.socket(fileno=int(sys.argv[2]))
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped as they exit
+    gc_freeze()
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 16, 5)
+        except OSError:
+            return
+        if not msg:
+            return
+        if len(fds) != 5:
+            for fd in fds:
+                os.close(fd)
+            sock.sendall(struct.pack(">i", -1))
+            continue
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                req_fd, status_fd, in_r, out_w, err_w = fds
+                for target, fd in ((0, in_r), (1, out_w), (2, err_w)):
+                    os.dup2(fd, target)
+                for fd in (in_r, out_w, err_w):
+                    os.close(fd)
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                supervise(req_fd, status_fd)
+            finally:
+                os._exit(1)
+        try:
+            pidfd = [os.pidfd_open(pid)]
+        except (AttributeError, OSError):
+            pidfd = []
+        for fd in fds:
+            os.close(fd)
+        socket.send_fds(sock, [struct.pack(">i", pid)], pidfd)
+        for fd in pidfd:
+            os.close(fd)
+
+
+def gc_freeze():
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+def supervise(req_fd, status_fd):
+    """Process-backend mode: the supervisor of one run (forked by :func:`zygote_main`).
 
     Runs as the host's user. As root it first gives the run its own network, IPC and mount
     namespaces with fresh size-capped tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (the work dir is
     bound back at its path). It becomes a child subreaper, forks the program (which drops to the
     run's uid, writes its files itself, sets rlimits, ``no_new_privs`` and the seccomp filter, then
     execs), waits for it, and then kills every process the program left behind: they are all its
-    descendants, so none escapes. Status records on STATUS_FD: ``P`` + pid, then ``S`` + wait status.
+    descendants, so none escapes. Status records on STATUS_FD: ``P`` + pid, then ``S`` + wait status
+    + ``C`` (nothing left) or ``D``; ``E`` + message if the run could not be set up. SIGUSR1 ends the run.
     """
-    req_fd, status_fd = int(sys.argv[2]), int(sys.argv[3])
     with os.fdopen(req_fd, "rb") as f:
         req = json.loads(f.read())
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program may not read our memory or reach our fds
@@ -931,7 +989,7 @@ if __name__ == "__main__":
         boot_main(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "kill":
         kill_all_main(sys.argv[2:] == ["work"])
-    elif len(sys.argv) > 1 and sys.argv[1] == "proc":
-        supervise()
+    elif len(sys.argv) > 1 and sys.argv[1] == "zygote":
+        zygote_main()
     else:
         main()

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -243,7 +243,7 @@ class Captured:
 
 
 def communicate(
-    proc: subprocess.Popen[bytes],
+    proc: subprocess.Popen[bytes] | Any,
     *,
     stdin: bytes,
     timeout_s: float,
