@@ -1,21 +1,24 @@
 """The default backend: bubblewrap (``apt install bubblewrap``).
 
 Every run gets: no network (``--unshare-net``), read-only system directories, a fresh tmpfs
-working directory, new PID/IPC/UTS/user namespaces, rlimits on CPU time, address space,
-processes and file size, a cleared environment, and the whole process tree killed on timeout.
-When the host runs as root the program runs as an unprivileged uid (root ignores
-``RLIMIT_NPROC``).
+working directory and size-capped tmpfs ``/tmp`` and ``/dev/shm``, new PID/IPC/UTS/user
+namespaces, rlimits on CPU time, address space, processes and file size, ``no_new_privs``, a
+seccomp filter that denies ``ptrace`` and cross-process memory access, a cleared environment,
+and the whole process tree killed on timeout. When the host runs as root the program runs as an
+unprivileged uid that no other run holds at the same time (root ignores ``RLIMIT_NPROC``; see
+:class:`~agentgym.sandbox._posix.UidPool`).
 
 Two modes:
 
-* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms).
+* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms). A session's work dir
+  is a host directory bound as ``/work``; the host writes the run's files into it without ever
+  following a link a previous run planted there.
 * **warm** (``warm=True``): a pool of pre-started sandboxed workers (:mod:`._worker`); each run
-  forks a fresh child inside the worker's sandbox, in its own PID and mount namespace with fresh
-  tmpfs ``/work`` and ``/tmp``, capabilities dropped. No process or file survives a run. Python
-  programs run in the forked interpreter (``fresh_interpreter=True`` execs a new ``python3``).
-  Caveat: a forked run inherits the worker's heap, which may still hold bytes of earlier requests
-  sent to the same worker (programs, stdin); use ``fresh_interpreter=True`` or cold mode when runs
-  from different users must not see each other's inputs.
+  is read and run by a process forked from the worker (so no request or output ever enters the
+  memory later runs are forked from), in its own PID, mount and IPC namespaces with fresh tmpfs
+  ``/work``, ``/tmp`` and ``/dev/shm``, capabilities dropped. No process, file or IPC object
+  survives a run. Python programs run in a forked interpreter (``fresh_interpreter=True`` execs a
+  new ``python3``).
 """
 
 from __future__ import annotations
