@@ -376,3 +376,43 @@ def test_session_processes_do_not_survive_into_the_next_run(box: Sandbox) -> Non
             assert r.stdout.strip() in ("0", ""), r
     finally:
         s.close()
+
+
+AS_USER = r"""
+import json, os, sys, time
+from agentgym.sandbox import get_sandbox
+tag = sys.argv[1]
+box = get_sandbox("process")
+out = {"drop": box.drop_privileges}
+r = box.run("import os\nst = open('/proc/self/status').read()\nprint(os.getuid(), 'NoNewPrivs:\\t1' in st, 'Seccomp:\\t2' in st)")
+out["run"] = r.stdout.split()
+s = box.session()
+r = s.run(f"setsid sleep {tag}1 >/dev/null 2>&1 & (exec >&- 2>&-; sleep {tag}2) & echo started", language="bash")
+out["session"] = r.stdout.strip()
+r = s.run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", timeout_s=1.5)
+out["closed_out"] = [r.timed_out, round(r.duration_s, 1)]
+s.close()
+box.close()
+print(json.dumps(out))
+"""
+
+
+def test_process_backend_as_an_ordinary_user() -> None:
+    """The process backend's non-root path (a supervisor, no namespaces): still sweeps every leftover,
+    still ends runs at their deadline, still sets no_new_privs and seccomp."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if not _is_root() or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the test as an ordinary user")
+    tag = f"{time.time_ns() % 10**6}.{os.getpid() % 1000}"
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", AS_USER,
+                        tag], capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["drop"] is False and out["run"] == ["65534", "True", "True"], out
+    assert out["session"] == "started"
+    assert out["closed_out"][0] is True and out["closed_out"][1] < 4, out
+    assert _host_procs_with(f"sleep\x00{tag}") == [], "a background process of an ordinary user's session survived"
