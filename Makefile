@@ -47,7 +47,7 @@ model: venv
 
 lint: venv
 	$(BIN)/ruff check agentgym envs policies trainers tests benchmarks examples
-	$(BIN)/mypy agentgym
+	$(BIN)/mypy agentgym envs policies trainers
 
 dockerd-start:
 	@bash scripts/dockerd-start.sh

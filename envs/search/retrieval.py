@@ -81,9 +81,8 @@ class DocStore:
         if mmap:
             import mmap as _mmap
 
-            fh = open(path / "docs.jsonl", "rb")  # noqa: SIM115 - kept open for the map's lifetime
-            self._fh = fh
-            self._buf = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_READ) if os.path.getsize(path / "docs.jsonl") else b""
+            with open(path / "docs.jsonl", "rb") as fh:  # the map keeps its own descriptor
+                self._buf = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_READ) if os.path.getsize(path / "docs.jsonl") else b""
         else:
             self._passages = []
             with open(path / "docs.jsonl", encoding="utf-8") as text:
