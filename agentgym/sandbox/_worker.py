@@ -144,17 +144,26 @@ def seccomp_program(machine=None):
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_SECCOMP: list = []  # [(buffer, struct sock_fprog)], built once (before the warm worker forks its runs)
+
+
+def _seccomp_fprog():
+    if not _SECCOMP:
+        code = seccomp_program()
+        buf = ctypes.create_string_buffer(code, max(len(code), 1))
+        _SECCOMP.append((buf, _Fprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p)) if code else None))
+    return _SECCOMP[0][1]
+
+
 def install_seccomp():
     """Apply :func:`seccomp_program` to this process (needs ``no_new_privs`` or CAP_SYS_ADMIN)."""
-    code = seccomp_program()
-    if not code:
+    fprog = _seccomp_fprog()
+    if fprog is None:
         return
-    buf = ctypes.create_string_buffer(code, len(code))
-
-    class _Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = _Fprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
@@ -566,6 +575,7 @@ def main():
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     _drop_bounding_set()  # keeps this process's own capabilities (needed for namespaces and mounts)
+    _seccomp_fprog()
     import gc
 
     gc.collect()
@@ -821,6 +831,7 @@ def zygote_main():
     sock = socket.socket(fileno=int(sys.argv[2]))
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped as they exit
+    _seccomp_fprog()
     gc_freeze()
     while True:
         try:

@@ -74,10 +74,27 @@ def _client(timeout: float = 10.0) -> Any:
         import docker
     except ImportError as e:
         raise DependencyNotInstalled("the docker sandbox", "agentgym[docker]") from e
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):  # check the socket ourselves: the SDK leaks one on a failed connect
+        import socket
+
+        try:
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(min(float(timeout), 5.0))
+                probe.connect(host[len("unix://"):])
+        except OSError as e:
+            raise SandboxUnavailable(
+                f"cannot reach the Docker engine at {host} ({type(e).__name__}: {e}). Start it (e.g. "
+                "`scripts/dockerd-start.sh`, or `dockerd --bridge=none --iptables=false &` as root) "
+                "or use get_sandbox('bwrap').") from None
+    client = None
     try:
         client = docker.from_env(timeout=int(timeout))
         client.ping()
     except Exception as e:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()  # its connection pool would otherwise leak a socket
         raise SandboxUnavailable(
             f"cannot reach the Docker engine ({type(e).__name__}: {e}). Start it (e.g. "
             "`scripts/dockerd-start.sh`, or `dockerd --bridge=none --iptables=false &` as root) "
