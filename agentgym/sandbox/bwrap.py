@@ -290,6 +290,9 @@ class BwrapSandbox:
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
+        # the finalizer holds the worker list: a live worker process stays reachable (never cyclic
+        # garbage) and is stopped when this sandbox is closed or collected
+        self._finalizer = weakref.finalize(self, _stop_workers, self._all, self._lock)
 
     # ------------------------------------------------------------------ public API
     def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
@@ -321,20 +324,13 @@ class BwrapSandbox:
     def close(self) -> None:
         """Stop the warm workers."""
         self._closed = True
-        with self._lock:
-            workers, self._all = self._all, []
-        for w in workers:
-            w.kill()
+        self._finalizer()
 
     def __enter__(self) -> BwrapSandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
     # ------------------------------------------------------------------ cold
     def _run_cold(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
@@ -452,6 +448,14 @@ class BwrapSandbox:
             duration_s=time.monotonic() - t0,
             backend=self.name,
         )
+
+
+def _stop_workers(workers: list[_Worker], lock: threading.Lock) -> None:
+    with lock:
+        stopping = list(workers)
+        workers.clear()
+    for w in stopping:
+        w.kill()
 
 
 def _check_language(language: str) -> None:

@@ -37,6 +37,7 @@ only when asked), :func:`answers_match` (normalised strings with a numeric toler
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import hashlib
 import marshal
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -182,9 +184,15 @@ class _Worker:
 _IDLE: list[_Worker] = []
 _IDLE_MAX = 64
 _IDLE_LOCK = threading.Lock()
+_RETURNED: collections.deque[_Worker] = collections.deque()  # from episodes collected without close()
 
 
 def _take_worker(memory_limit_mb: int) -> _Worker:
+    while _RETURNED:
+        try:
+            _give_worker(_RETURNED.popleft())
+        except IndexError:
+            break
     with _IDLE_LOCK:
         for i, w in enumerate(_IDLE):
             if w.memory_limit_mb == memory_limit_mb:
@@ -205,10 +213,19 @@ def _give_worker(w: _Worker) -> None:
     w.kill()
 
 
+def _release(holder: list[_Worker]) -> None:
+    """An episode's finalizer: hand its worker back (it may run inside the garbage collector, so it
+    only queues the worker; the next episode to open recycles it)."""
+    if holder:
+        _RETURNED.append(holder.pop())
+
+
 @atexit.register
 def _stop_idle_workers() -> None:
     with _IDLE_LOCK:
         idle, _IDLE[:] = list(_IDLE), []
+    idle += list(_RETURNED)
+    _RETURNED.clear()
     for w in idle:
         w.kill()
 
@@ -256,8 +273,15 @@ class EpisodeDB:
                            int(max_memory_mb), tuple(str(c) for c in collations))
         self._memory_limit_mb = int(max_memory_mb) + 512
         self._log: list[str] = []  # statements that changed the database, replayed after a kill
-        self._worker: _Worker | None = None
+        # The worker is held in a list that only the finalizer shares, so a live worker process is
+        # always reachable from the finalizer registry and never becomes cyclic garbage.
+        self._holder: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _release, self._holder)
         self._open()
+
+    @property
+    def _worker(self) -> _Worker | None:
+        return self._holder[0] if self._holder else None
 
     def _open(self) -> None:
         w = _take_worker(self._memory_limit_mb)
@@ -266,12 +290,13 @@ class EpisodeDB:
             w.kill()
             detail = resp[1] if resp is not None and len(resp) > 1 else "the worker did not answer"
             raise EnvError(f"could not open the episode database: {detail}")
-        self._worker = w
+        self._holder[:] = [w]
 
     def _require(self) -> _Worker:
-        if self._worker is None:
+        w = self._worker
+        if w is None:
             raise EnvError("this EpisodeDB is closed")
-        return self._worker
+        return w
 
     def run(self, sql: str, max_rows: int | None = None) -> QueryResult:
         """Execute one statement; never raises for bad SQL.
@@ -302,9 +327,8 @@ class EpisodeDB:
 
     def _restart(self) -> str:
         """Kill the worker, rebuild the database in a fresh one; a note for the agent if that failed."""
-        if self._worker is not None:
-            self._worker.kill()
-            self._worker = None
+        if self._holder:
+            self._holder.pop().kill()
         self._open()
         w = self._require()
         for i, sql in enumerate(self._log):
@@ -327,13 +351,9 @@ class EpisodeDB:
         return str(resp[1])
 
     def close(self) -> None:
-        w, self._worker = self._worker, None
-        if w is not None:
-            _give_worker(w)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+        self._finalizer.detach()
+        if self._holder:
+            _give_worker(self._holder.pop())
 
 
 # ---------------------------------------------------------------------------- formatting
