@@ -402,8 +402,9 @@ class DockerSandbox:
                         out += buf[8 : 8 + min(size, limit - len(out))]
                     del buf[: 8 + size]
         finally:
-            with contextlib.suppress(Exception):
-                sock.close()
+            for f in (sock, raw_sock):  # the exec hijacked the connection: close the socket itself too
+                with contextlib.suppress(Exception):
+                    f.close()
 
     def _kill_runs(self, c: Any, *, wipe_work: bool) -> bool:
         """Kill every process in ``c`` from a second exec and wipe its scratch space; False if that failed."""

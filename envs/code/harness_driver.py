@@ -15,55 +15,73 @@ between plain values, in this process. Results go to the run's stdout, tagged wi
 
 import builtins
 import json
+import marshal
 import os
-import subprocess
 import sys
 
 MAX_DEPTH = 100
 
 # --------------------------------------------------------------------------- the submission side
-# Runs in the fresh interpreter: loads the submission as __main__ and serves requests on the
-# pipe fds RFD / WFD (set by a prefix line).
+# Runs in the fresh interpreter (``-I -S``, no imports beyond builtins, so it starts fast): loads the
+# submission as __main__ and serves requests on the pipe fds RFD / WFD (set by a prefix line).
+# Requests come as marshal (from the trusted driver); answers go back as JSON lines whose only
+# strings are hex digits and tags, built by hand (the driver parses them with json).
 SOLUTION_SIDE = r'''
-import builtins, json, os, sys, types
-rf = os.fdopen(RFD, "rb", buffering=1 << 16)
-wfd = WFD
+import builtins, marshal, os, sys
 MAX_DEPTH = 100
 handles = {}
-PLAIN = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 
-def send(obj):
-    data = json.dumps(obj).encode() + b"\n"
+def read_exact(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(RFD, n - len(buf))
+        if not chunk:
+            os._exit(0)
+        buf += chunk
+    return buf
+
+def recv():
+    return marshal.loads(read_exact(int.from_bytes(read_exact(4), "big")))
+
+def send(text):
+    data = (text + "\n").encode()
     while data:
-        data = data[os.write(wfd, data):]
+        data = data[os.write(WFD, data):]
+
+def q(s):
+    return '"' + s + '"'
+
+def hx(s):
+    return q(s.encode("utf-8", "surrogatepass").hex())
 
 def handle(v):
     handles[id(v)] = v
-    return ["h", id(v)]
+    return '["h",%d]' % id(v)
+
+PLAIN = {list: "l", tuple: "t", set: "S", frozenset: "F"}
 
 def enc(v, depth=0):
     t = type(v)
     if depth > MAX_DEPTH:
         return handle(v)
-    if t is type(None):
-        return ["n"]
+    if v is None:
+        return '["n"]'
     if t is bool:
-        return ["b", v]
+        return '["b",%s]' % ("true" if v else "false")
     if t is int:
-        return ["i", format(v, "x")]
+        return '["i",%s]' % q(format(v, "x"))
     if t is float:
-        return ["f", v.hex()]
+        return '["f",%s]' % q(v.hex())
     if t is complex:
-        return ["c", v.real.hex(), v.imag.hex()]
+        return '["c",%s,%s]' % (q(v.real.hex()), q(v.imag.hex()))
     if t is str:
-        return ["s", v]
+        return '["s",%s]' % hx(v)
     if t is bytes:
-        return ["y", v.hex()]
-    if t in (list, tuple, set, frozenset):
-        tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
-        return [tag, [enc(x, depth + 1) for x in v]]
+        return '["y",%s]' % q(v.hex())
+    if t in PLAIN:
+        return '["%s",[%s]]' % (PLAIN[t], ",".join(enc(x, depth + 1) for x in v))
     if t is dict:
-        return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
+        return '["d",[%s]]' % ",".join("[%s,%s]" % (enc(k, depth + 1), enc(x, depth + 1)) for k, x in v.items())
     # a subclass of a plain type, or an array with tolist(): its plain value (as if returned plainly)
     for base, conv in ((bool, bool), (int, int), (float, float), (complex, complex), (str, str.__str__),
                        (bytes, bytes), (list, list), (tuple, tuple), (dict, dict), (frozenset, frozenset),
@@ -71,7 +89,7 @@ def enc(v, depth=0):
         if isinstance(v, base):
             return enc(conv(v), depth + 1)
     tolist = getattr(t, "tolist", None)
-    if callable(tolist) and type(v).__module__.split(".")[0] == "numpy":
+    if callable(tolist) and t.__module__.split(".")[0] == "numpy":
         return enc(v.tolist(), depth + 1)
     return handle(v)
 
@@ -82,8 +100,8 @@ def dec(x):
     if tag == "i": return int(x[1], 16)
     if tag == "f": return float.fromhex(x[1])
     if tag == "c": return complex(float.fromhex(x[1]), float.fromhex(x[2]))
-    if tag == "s": return str(x[1])
-    if tag == "y": return bytes.fromhex(x[1])
+    if tag == "s": return x[1]
+    if tag == "y": return x[1]
     if tag == "l": return [dec(i) for i in x[1]]
     if tag == "t": return tuple(dec(i) for i in x[1])
     if tag == "S": return set(dec(i) for i in x[1])
@@ -92,42 +110,34 @@ def dec(x):
     if tag == "h": return handles[x[1]]
     raise ValueError(tag)
 
-def describe(ns):
-    out = {}
-    for name, v in list(ns.items()):
-        if name.startswith("__"):
-            continue
-        if isinstance(v, types.ModuleType):
-            out[name] = ["m", v.__name__]
-        else:
-            out[name] = enc(v)
-    return out
+def exc(e):
+    return '{"exc":[%s,%s]}' % (hx(type(e).__name__), hx(str(e)[:2000]))
 
-mod = types.ModuleType("__main__")
+mod = type(sys)("__main__")
 mod.__dict__.update({"__builtins__": builtins, "__file__": "solution.py"})
 sys.modules["__main__"] = mod
 sys.argv = ["solution.py"]
-src = json.loads(rf.readline())
 try:
-    exec(compile(src, "solution.py", "exec"), mod.__dict__)
-    send({"names": describe(mod.__dict__)})
+    exec(compile(recv(), "solution.py", "exec"), mod.__dict__)
+    names = []
+    for name, v in list(mod.__dict__.items()):
+        if not name.startswith("__"):
+            desc = '["m",%s]' % hx(v.__name__) if type(v) is type(sys) else enc(v)
+            names.append("[%s,%s]" % (hx(name), desc))
+    send('{"names":[%s]}' % ",".join(names))
 except BaseException as e:
-    send({"error": "%s: %s" % (type(e).__name__, e)})
+    send('{"error":%s}' % hx("%s: %s" % (type(e).__name__, e)))
     os._exit(0)
 while True:
-    line = rf.readline()
-    if not line:
-        os._exit(0)
-    req = json.loads(line)
+    req = recv()
     try:
         obj = dec(req["h"])
         op = req["op"]
         args = [dec(a) for a in req.get("args", [])]
         if op == "call":
-            kwargs = {k: dec(v) for k, v in req.get("kwargs", {}).items()}
-            res = obj(*args, **kwargs)
-            after = [enc(a) if type(a) in (list, dict, set) else None for a in args]
-            send({"ok": enc(res), "after": after})
+            res = obj(*args, **{k: dec(v) for k, v in req.get("kwargs", {}).items()})
+            after = ",".join(enc(a) if type(a) in (list, dict, set) else "null" for a in args)
+            send('{"ok":%s,"after":[%s]}' % (enc(res), after))
             continue
         if op == "getattr":
             res = getattr(obj, args[0])
@@ -151,11 +161,11 @@ while True:
             res = float(obj)
         else:
             raise ValueError("unknown op %r" % op)
-        send({"ok": enc(res)})
+        send('{"ok":%s}' % enc(res))
     except BaseException as e:
         if isinstance(e, SystemExit):
             os._exit(0)
-        send({"exc": [type(e).__name__, str(e)[:2000]]})
+        send(exc(e))
 '''
 
 
@@ -234,14 +244,18 @@ def enc(v, depth=0):
     if t is complex:
         return ["c", v.real.hex(), v.imag.hex()]
     if t is str:
-        return ["s", v]
+        return ["s", v]  # marshal carries str and bytes as they are
     if t is bytes:
-        return ["y", v.hex()]
+        return ["y", v]
     if t in (list, tuple, set, frozenset):
         return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [enc(x, depth + 1) for x in v]]
     if t is dict:
         return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
     raise TypeError("cannot pass a %s to the submission (only plain values cross)" % t.__name__)
+
+
+def _unhex(h):
+    return bytes.fromhex(str(h)).decode("utf-8", "surrogatepass")
 
 
 def dec(x, depth=0):
@@ -259,7 +273,7 @@ def dec(x, depth=0):
     if tag == "c":
         return complex(float.fromhex(str(x[1])), float.fromhex(str(x[2])))
     if tag == "s":
-        return str(x[1])
+        return _unhex(x[1])
     if tag == "y":
         return bytes.fromhex(str(x[1]))
     if tag in ("l", "t", "S", "F"):
@@ -273,26 +287,39 @@ def dec(x, depth=0):
 
 
 class Solution:
-    """The submission's process and the pipe to it."""
+    """The submission's process (a fresh ``python -I -S``) and the pipes to it."""
 
     def __init__(self, source):
         to_r, self._to_w = os.pipe()
         self._from_r, from_w = os.pipe()
-        code = "RFD, WFD = %d, %d\n" % (to_r, from_w)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", code + SOLUTION_SIDE], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(to_r, from_w), close_fds=True)
+        code = "RFD, WFD = %d, %d\n" % (to_r, from_w) + SOLUTION_SIDE
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.set_inheritable(to_r, True)
+                os.set_inheritable(from_w, True)
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", code])
+            finally:
+                os._exit(127)
         os.close(to_r)
         os.close(from_w)
         self._rf = os.fdopen(self._from_r, "rb", buffering=1 << 16)
         self.dead = False
         self._send(source)
         first = self._recv()
-        self.error = first.get("error") if isinstance(first, dict) else "the submission did not load"
-        self.names = first.get("names", {}) if isinstance(first, dict) else {}
+        err = first.get("error")
+        self.error = _unhex(err) if err is not None else None
+        self.names = {}
+        for item in first.get("names", []):
+            if isinstance(item, list) and len(item) == 2:
+                self.names[_unhex(item[0])] = item[1]
 
     def _send(self, obj):
-        data = json.dumps(obj).encode() + b"\n"
+        data = marshal.dumps(obj)
+        data = len(data).to_bytes(4, "big") + data
         try:
             while data:
                 data = data[os.write(self._to_w, data):]
@@ -318,11 +345,14 @@ class Solution:
     def _answer(self):
         resp = self._recv()
         if "exc" in resp:
-            name, msg = [*list(resp["exc"]), "", ""][:2]
-            cls = getattr(builtins, str(name), None)
+            try:
+                name, msg = (_unhex(x) for x in list(resp["exc"])[:2])
+            except (ValueError, TypeError):
+                name, msg = "Exception", ""
+            cls = getattr(builtins, name, None)
             if (isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, SolutionGone)
                     and cls.__module__ == "builtins"):
-                raise cls(str(msg))
+                raise cls(msg)
             raise SolutionError("%s: %s" % (name, msg))
         if "ok" not in resp:
             self.dead = True
@@ -353,9 +383,9 @@ class Solution:
 
     def close(self):
         try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except Exception:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except OSError:
             pass
 
 
@@ -391,8 +421,9 @@ def main():
     for name, desc in SOLUTION.names.items():
         try:
             if desc[0] == "m":
-                if desc[1] in getattr(sys, "stdlib_module_names", ()) or desc[1] in sys.builtin_module_names:
-                    ns[name] = __import__(desc[1], fromlist=["_"])
+                mod = _unhex(desc[1])
+                if mod in getattr(sys, "stdlib_module_names", ()) or mod in sys.builtin_module_names:
+                    ns[name] = __import__(mod, fromlist=["_"])
             else:
                 ns[name] = dec(desc)
         except Exception:
