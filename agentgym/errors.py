@@ -18,7 +18,8 @@ Three cases stay distinct (STYLE.md, principle 12):
     │   └── ValidationError           a scene/task/spec file does not match its schema
     ├── EnvError                      an env is broken or used out of order
     │   ├── ResetNeeded               step() before reset() or after the episode ended
-    │   └── TaskNotFound              reset(options={"task_id": ...}) names no task
+    │   ├── TaskNotFound              reset(options={"task_id": ...}) names no task
+    │   └── EnvServerError            an env server (RemoteEnv) is unreachable, refused or failed
     ├── SandboxError                  the sandbox backend itself failed (not the agent's program)
     │   └── SandboxUnavailable        the backend is not installed or cannot start
     ├── RetrievalError                the retrieval backend failed (dead server after retries)
@@ -29,6 +30,7 @@ Three cases stay distinct (STYLE.md, principle 12):
     │   └── ContextLengthExceeded     the prompt does not fit the model's context
     ├── TokenizationError             the chat template breaks the prefix property (drift)
     ├── TrainingDataError             a trajectory's token bookkeeping is inconsistent (lengths differ)
+    ├── TrainingDiverged              repeated non-finite losses or gradients stopped a training run
     └── WeightSyncError               a weight update cannot be applied (version not newer, bad delta)
 """
 
@@ -40,6 +42,7 @@ __all__ = [
     "ContextLengthExceeded",
     "DependencyNotInstalled",
     "EnvError",
+    "EnvServerError",
     "PolicyClientError",
     "PolicyError",
     "PolicyServerError",
@@ -51,6 +54,7 @@ __all__ = [
     "TaskNotFound",
     "TokenizationError",
     "TrainingDataError",
+    "TrainingDiverged",
     "UnknownEnvError",
     "ValidationError",
     "WeightSyncError",
@@ -124,6 +128,21 @@ class TaskNotFound(EnvError, KeyError):
         return str(self.args[0])
 
 
+class EnvServerError(EnvError):
+    """An env server could not serve a call: unreachable or dead after bounded retries, at capacity,
+    the session expired, or the server failed. The episode in flight on that session is lost.
+
+    Attributes:
+        status: The HTTP status (``None`` when the server could not be reached).
+        retryable: True if the same call may succeed later or on another server (dead, at capacity).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
 class SandboxError(AgentGymError, RuntimeError):
     """The sandbox backend failed (the agent's program failing is an ExecResult, not this)."""
 
@@ -162,6 +181,10 @@ class TokenizationError(AgentGymError, ValueError):
 
 class TrainingDataError(AgentGymError, ValueError):
     """A trajectory cannot be turned into training data: token, logprob or version lengths disagree."""
+
+
+class TrainingDiverged(AgentGymError, RuntimeError):
+    """Several optimizer steps in a row had a non-finite loss or gradient; the run stopped."""
 
 
 class WeightSyncError(AgentGymError, ValueError):

@@ -113,6 +113,8 @@ _BUILTINS: list[dict[str, Any]] = [
     dict(env_id="agentgym/OS-v0", entry_point="agentgym.envs.code.os_env:OSEnv", family="code",
          max_episode_steps=8, requires="path=, Docker",
          description="AgentBench OS-interaction JSON, one root container and persistent shell per task; needs path=."),
+    dict(env_id="agentgym/Remote-v0", entry_point="agentgym.serve.client:RemoteEnv", family="remote",
+         requires="url=", description="An env served by `agentgym serve` or any OpenEnv server; needs url=."),
 ]
 
 
@@ -190,10 +192,11 @@ def spec(env_id: str) -> EnvSpec:
     return gymnasium.spec(_resolve_id(env_id))
 
 
-def make(env_id: str, **kwargs: Any) -> gymnasium.Env[Any, Any]:
+def make(env_id: str, /, **kwargs: Any) -> gymnasium.Env[Any, Any]:
     """``gymnasium.make`` with a did-you-mean for unknown ids.
 
-    ``max_episode_steps`` may be passed to override the registered turn limit.
+    ``max_episode_steps`` may be passed to override the registered turn limit. ``env_id`` is
+    positional-only, so an env's own ``env_id`` kwarg (``agentgym/Remote-v0``) passes through.
     """
     return gymnasium.make(_resolve_id(env_id), **kwargs)
 

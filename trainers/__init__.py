@@ -1,1 +1,67 @@
-"""Trainers (GRPO family, multi-policy). Not implemented yet; see DESIGN.md."""
+"""Trainers: GRPO-family RL and SFT on multi-turn trajectories, LoRA or full fine-tune, multi-policy.
+
+Library pieces, connected by plain data (no base classes):
+
+* :mod:`.advantages`: GRPO, Dr.GRPO and RLOO group advantages; DAPO's overlong penalty.
+* :mod:`.losses`: PPO clip with clip-higher, k3 KL, truncated importance sampling, SFT; aggregation weights.
+* :mod:`.batching`: trajectory groups -> :class:`TrainSample` (segments, masks, advantages) -> packed micro-batches.
+* :mod:`.sft`: transcripts (plain or DAgger-relabelled) -> samples, with the student's chat template.
+* :mod:`.model`: loading, LoRA adapters, token log-probabilities.
+* :mod:`.trainer`: :class:`PolicyTrainer`, one policy's optimizer step (the narrow seam).
+* :mod:`.publish`: :class:`WeightPublisher`, versioned full/delta/merged-LoRA weight updates.
+* :mod:`.checkpoint`, :mod:`.metrics`, :mod:`.config`.
+* :mod:`.recipe`: the synchronous setup / train / cleanup recipe behind ``agentgym train``.
+
+Trainers see trajectories, never envs. Heavy modules (torch) load on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .advantages import group_advantages, overlong_penalty
+    from .batching import TrainSample, collate, pack_micro_batches, samples_from_groups
+    from .config import TrainConfig, load_train_config
+    from .losses import aggregation_weights, k3_kl, policy_loss, sft_loss
+    from .publish import WeightPublisher
+    from .recipe import Recipe, run_training
+    from .sft import sft_samples, transcript_samples
+    from .trainer import PolicyTrainer
+
+__all__ = [
+    "PolicyTrainer",
+    "Recipe",
+    "TrainConfig",
+    "TrainSample",
+    "WeightPublisher",
+    "aggregation_weights",
+    "collate",
+    "group_advantages",
+    "k3_kl",
+    "load_train_config",
+    "overlong_penalty",
+    "pack_micro_batches",
+    "policy_loss",
+    "run_training",
+    "samples_from_groups",
+    "sft_loss",
+    "sft_samples",
+    "transcript_samples",
+]
+
+_WHERE = {
+    "group_advantages": "advantages", "overlong_penalty": "advantages",
+    "TrainSample": "batching", "collate": "batching", "pack_micro_batches": "batching",
+    "samples_from_groups": "batching", "TrainConfig": "config", "load_train_config": "config",
+    "aggregation_weights": "losses", "k3_kl": "losses", "policy_loss": "losses", "sft_loss": "losses",
+    "WeightPublisher": "publish", "Recipe": "recipe", "run_training": "recipe",
+    "sft_samples": "sft", "transcript_samples": "sft", "PolicyTrainer": "trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

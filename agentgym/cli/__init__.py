@@ -22,6 +22,8 @@ SUBCOMMAND_MODULES: list[str] = [
     "agentgym.cli.models",
     "agentgym.cli.eval",
     "agentgym.cli.retriever",
+    "agentgym.cli.serve",
+    "agentgym.cli.train",
 ]
 
 app = typer.Typer(

@@ -14,7 +14,7 @@ from agentgym.cli.eval import load_eval_config
 from agentgym.eval.runner import EvalConfig
 from agentgym.registration import env_entry
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.toml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "eval").rglob("*.toml"))
 
 
 def test_there_are_configs() -> None:

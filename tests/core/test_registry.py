@@ -9,7 +9,8 @@ import agentgym
 from agentgym.errors import UnknownEnvError
 
 # Envs that need a dataset path or an optional package are checked in their own test modules.
-NEEDS_SETUP = {"agentgym/SQL-Spider-v0", "agentgym/SQL-AgentBench-v0", "agentgym/ALFWorld-TW-v0", "agentgym/OS-v0"}
+NEEDS_SETUP = {"agentgym/SQL-Spider-v0", "agentgym/SQL-AgentBench-v0", "agentgym/ALFWorld-TW-v0", "agentgym/OS-v0",
+               "agentgym/Remote-v0"}  # Remote-v0 needs a server: tests/serve
 
 
 def test_builtins_are_gymnasium_ids() -> None:

@@ -1,0 +1,160 @@
+"""``agentgym train`` and ``agentgym collect``.
+
+``agentgym train --config configs/train/X.toml [--set optim.lr=1e-5 ...]`` runs the recipe in
+:mod:`agentgym.trainers.recipe` (GRPO family or SFT); Ctrl-C finishes the current step and leaves a
+resumable checkpoint (rerun the same command to continue). ``--check`` only validates the config.
+
+``agentgym collect --env E --policy expert --out FILE`` writes transcripts for imitation through the
+rollout engine; ``--relabel`` labels every state with the env's expert and ``--random-prob P``
+makes the expert take a random admissible action with probability P (collection with recoveries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+__all__ = ["register"]
+
+
+def _fail(msg: str, code: int = 2) -> NoReturn:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def train_cmd(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Training config (configs/train/*.toml).")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set optim.lr=1e-5 (repeatable).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
+) -> None:
+    """Train a policy: GRPO / Dr.GRPO / RLOO on rollouts, or SFT on transcripts."""
+    from agentgym.errors import AgentGymError
+    from agentgym.trainers.config import load_train_config
+
+    try:
+        cfg = load_train_config(config, overrides)
+    except AgentGymError as e:
+        _fail(str(e))
+    if check:
+        typer.echo(json.dumps(cfg.to_dict(), indent=2))
+        return
+    from agentgym.trainers.recipe import run_training
+
+    try:
+        result = run_training(cfg)
+    except AgentGymError as e:
+        _fail(str(e), 1)
+    from rich.console import Console
+
+    con = Console()
+    if "interrupted_at_step" in result:
+        con.print(f"interrupted at step {result['interrupted_at_step']}; checkpoint in {cfg.run.out_dir}/checkpoints "
+                  "(rerun the same command to resume)")
+        raise typer.Exit(130)
+
+    def pct(d: dict[str, Any] | None) -> str:
+        if not d or d.get("success") is None:
+            return "-"
+        ci = d.get("success_ci95")
+        return f"{100 * d['success']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+
+    con.print(f"[bold]done[/]: {result.get('steps')} steps in {result.get('train_wall_s', 0):.0f} s; "
+              f"held-out success before {pct(result.get('before'))} -> after {pct(result.get('after'))}")
+    con.print(f"run folder: {cfg.run.out_dir} (metrics.jsonl, curves.png, final/, result.json)")
+
+
+def collect_cmd(
+    env: Annotated[str, typer.Option("--env", help="Env id, e.g. agentgym/ALFWorld-v0.")],
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write (a folder gets trajectories.jsonl).")],
+    policy: Annotated[str, typer.Option("--policy", help="Acting policy: expert, hf:MODEL, vllm:MODEL, scripted:...")] = "expert",
+    split: Annotated[str, typer.Option(help="Task split.")] = "train",
+    tasks: Annotated[int | None, typer.Option(help="Tasks (spread evenly over the split); default all.")] = None,
+    samples: Annotated[int, typer.Option(help="Episodes per task.")] = 1,
+    seed: Annotated[int, typer.Option(help="Env and sampling seed.")] = 0,
+    relabel: Annotated[bool, typer.Option("--relabel", help="Label every state with the env's expert (DAgger).")] = False,
+    random_prob: Annotated[float, typer.Option("--random-prob", help="Expert actor: random admissible action with this probability.")] = 0.0,
+    max_turns: Annotated[int | None, typer.Option(help="Turn limit per episode.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per turn (model policies).")] = 256,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (model policies).")] = 1.0,
+    concurrency: Annotated[int, typer.Option(help="Episodes in flight.")] = 8,
+    imports: Annotated[list[str] | None, typer.Option("--import", help="Import a module first (registers custom envs).")] = None,
+) -> None:
+    """Write transcripts for imitation (SFT) through the rollout engine."""
+    import importlib
+
+    from agentgym.errors import AgentGymError
+
+    for mod in imports or []:
+        importlib.import_module(mod)
+    try:
+        summary = asyncio.run(_collect(env, out, policy, split, tasks, samples, seed, relabel, random_prob,
+                                       max_turns, max_tokens, temperature, concurrency))
+    except AgentGymError as e:
+        _fail(str(e))
+    typer.echo(json.dumps(summary, indent=2))
+
+
+async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: int | None, samples: int, seed: int,
+                   relabel: bool, random_prob: float, max_turns: int | None, max_tokens: int, temperature: float,
+                   concurrency: int) -> dict[str, Any]:
+    from agentgym.cli.eval import resolve_policy
+    from agentgym.errors import ConfigurationError
+    from agentgym.eval.runner import select_tasks
+    from agentgym.policies.scripted import ExpertPolicy
+    from agentgym.policy import SamplingParams, capabilities_of
+    from agentgym.registration import env_entry
+    from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime, micro_batch
+    from agentgym.rollout.collect import CollectWorkflow
+    from agentgym.rollout.jsonl import append_jsonl
+
+    env_id = env_entry(env_id).id
+    path = out / "trajectories.jsonl" if out.is_dir() or out.suffix == "" else out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    policy = resolve_policy(policy_spec)
+    runtime = RolloutRuntime(max_concurrency=concurrency)
+    try:
+        async with runtime.env(env_id) as env:
+            try:
+                pool = list(await runtime.call(env.get_wrapper_attr("tasks"), split))
+            except AttributeError:
+                raise ConfigurationError(f"{env_id} has no tasks(); nothing to collect") from None
+        if not pool:
+            raise ConfigurationError(f"{env_id} split {split!r} has no tasks")
+        chosen = select_tasks(pool, tasks)
+        acting = policy
+        if not capabilities_of(policy).env_side:
+            acting = micro_batch(policy, max_batch=concurrency, runtime=runtime)
+        wf = CollectWorkflow(acting, samples, labeler=ExpertPolicy() if relabel else None, random_prob=random_prob,
+                             sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+                             limits=RolloutLimits(max_turns=max_turns))
+        reqs = [GroupRequest(env_id, t.task_id, seed=seed, sampling_seed=seed * 100_003 + i, info={"split": split})
+                for i, t in enumerate(chosen)]
+        n = succ = relabelled = 0
+
+        def on_group(_req: GroupRequest, group: Any) -> None:
+            nonlocal n, succ, relabelled
+            append_jsonl(path, group.trajectories)
+            for t in group.trajectories:
+                n += 1
+                succ += int(t.success)
+                relabelled += sum(1 for a in t.info.get("acting", []) if a == "random")
+
+        await RolloutEngine(runtime).run(wf, reqs, on_group=on_group)
+    finally:
+        runtime.close(wait=False)
+        await policy.aclose()
+    return {"out": str(path), "env": env_id, "split": split, "episodes": n, "success_rate": succ / n if n else None,
+            "random_steps": relabelled, "relabel": relabel, "policy": policy_spec}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_cmd)
+    app.command("collect")(collect_cmd)

@@ -1,0 +1,513 @@
+"""DataFlow: owns the task stream and the per-policy buffers; feeds services and trainers.
+
+Its control loop, independent of any trainer:
+
+* **dispatch**: while the staleness budget allows (below), take the next task (a resubmitted one
+  first), open a :class:`~agentgym.dataflow.ledger.Ticket` and submit it to the least-loaded live,
+  ready service with spare capacity;
+* **collect**: one poll loop per service; a poll is also the service's heartbeat. A service whose
+  poll fails, or that misses heartbeats for ``dead_after_s``, is dead: its in-flight tickets are
+  resubmitted (next attempt) and a late result of an old attempt is refused;
+* **filter**: each finished group goes, per policy it feeds, through the group filters (errors,
+  early-stopped, zero-variance / DAPO dynamic sampling); what passes waits in that policy's buffer;
+* **serve**: :meth:`DataFlow.get_batch` hands a trainer ``groups_per_step`` groups (plus replayed
+  ones, ``replay_ratio``), after expiring those whose oldest token is more than ``max_staleness``
+  versions behind the policy's current version. A trainer waits only when its buffer cannot fill a
+  batch.
+
+**Staleness budget.** With trained version ``v`` of a policy and ``s`` batches served, the groups in
+the pipeline (queued, running, buffered) are capped at ``(v + max_staleness + 1 - s) * groups_per_step``:
+a group generated at version ``v`` is then consumed by batch ``v + max_staleness`` at the latest, so
+no trained token is more than ``max_staleness`` versions old. ``max_staleness = 0`` *is* the synchronous
+recipe (roll out one batch, train, publish, repeat): the same runtime, not a second code path.
+Filtered groups leave the pipeline and are refilled, which is dynamic sampling.
+
+**Exactly once.** Every submitted ticket ends, per policy, ``trained``, ``filtered`` or ``expired``
+(:class:`~agentgym.dataflow.ledger.Ledger`); :meth:`DataFlow.drain` + ``ledger.check(drained=True)``
+proves it in the tests, including under service faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentgym.dataflow.ledger import Ledger, Ticket
+from agentgym.dataflow.service import ServiceDead, ServiceHandle, ServiceResult
+from agentgym.dataflow.tasks import TaskStream
+from agentgym.errors import ConfigurationError
+from agentgym.types import TrajectoryGroup
+
+__all__ = ["Batch", "DataFlow", "DataflowConfig", "GroupFilter", "default_filters"]
+
+log = logging.getLogger(__name__)
+
+GroupFilter = Callable[[TrajectoryGroup, str], "str | None"]
+"""``filter(group, policy_id) -> reason`` to drop the group for that policy, or ``None`` to keep it."""
+
+
+def filter_errors(min_valid: int = 2) -> GroupFilter:
+    """Drop a group with fewer than ``min_valid`` members that finished without an error."""
+
+    def f(group: TrajectoryGroup, policy: str) -> str | None:
+        ok = sum(1 for t in group if t.error is None)
+        return "errors" if ok < min(min_valid, len(group)) or ok == 0 else None
+
+    return f
+
+
+def filter_early_stopped(group: TrajectoryGroup, policy: str) -> str | None:
+    """Early-stopped groups stay out of the loss."""
+    return "early_stopped" if group.early_stopped else None
+
+
+def filter_zero_variance(group: TrajectoryGroup, policy: str) -> str | None:
+    """DAPO dynamic sampling: a group whose members all got the same reward carries no signal."""
+    return "zero_variance" if len(group) > 1 and group.zero_variance(policy) else None
+
+
+def filter_no_tokens(group: TrajectoryGroup, policy: str) -> str | None:
+    """The policy generated nothing in this group (e.g. every member failed before its first turn)."""
+    return None if any(tu.policy_id == policy and tu.completion_token_ids for t in group for tu in t.turns) else "no_tokens"
+
+
+def default_filters(zero_variance: bool = True) -> list[GroupFilter]:
+    out = [filter_errors(), filter_early_stopped, filter_no_tokens]
+    if zero_variance:
+        out.append(filter_zero_variance)
+    return out
+
+
+@dataclass
+class DataflowConfig:
+    """Knobs of the dataflow layer (flat; see the module docstring).
+
+    Attributes:
+        groups_per_step: Groups per trainer batch (per policy).
+        max_staleness: Most versions a trained token may lag the policy (0: synchronous).
+        workflow: The workflow name services run tickets with.
+        policies: The trained policies a ticket feeds.
+        replay_ratio: Share of a batch taken from already-trained groups (0: none).
+        replay_size: Trained groups kept for replay.
+        ordering: ``"fifo"`` (arrival) or ``"oldest_first"`` (oldest weight version first).
+        filter_zero_variance: Drop zero-variance groups (DAPO dynamic sampling).
+        poll_s: How long one service poll waits for a result (the heartbeat period).
+        dead_after_s: A service silent for this long is dead.
+        max_attempts: A ticket resubmitted this many times is filtered (``"attempts"``) instead.
+    """
+
+    groups_per_step: int = 8
+    max_staleness: int = 0
+    workflow: str = "default"
+    policies: tuple[str, ...] = ("policy",)
+    replay_ratio: float = 0.0
+    replay_size: int = 256
+    ordering: Literal["fifo", "oldest_first"] = "fifo"
+    filter_zero_variance: bool = True
+    poll_s: float = 0.2
+    dead_after_s: float = 30.0
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.groups_per_step < 1:
+            problems.append(f"groups_per_step must be >= 1, got {self.groups_per_step}")
+        if self.max_staleness < 0:
+            problems.append(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if not 0 <= self.replay_ratio < 1:
+            problems.append(f"replay_ratio must be in [0, 1), got {self.replay_ratio}")
+        if self.ordering not in ("fifo", "oldest_first"):
+            problems.append(f"ordering must be 'fifo' or 'oldest_first', got {self.ordering!r}")
+        if not self.policies:
+            problems.append("policies must name at least one policy")
+        if self.poll_s <= 0 or self.dead_after_s <= 0 or self.max_attempts < 1:
+            problems.append("poll_s and dead_after_s must be > 0 and max_attempts >= 1")
+        if problems:
+            raise ConfigurationError("; ".join(problems))
+
+
+@dataclass
+class _Item:
+    ticket_id: str
+    group: TrajectoryGroup
+    min_version: int
+    arrived: float
+
+
+@dataclass
+class Batch:
+    """What a trainer gets: fresh groups (now ``trained`` in the ledger) and replayed ones."""
+
+    policy_id: str
+    groups: list[TrajectoryGroup]
+    tickets: list[str]
+    replayed: list[TrajectoryGroup] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # oldest token version of each fresh group
+    expired: int = 0  # groups expired as stale while this batch was assembled
+    wait_s: float = 0.0
+
+    @property
+    def all_groups(self) -> list[TrajectoryGroup]:
+        return self.groups + self.replayed
+
+
+@dataclass
+class _Svc:
+    handle: ServiceHandle
+    capacity: int
+    ready: bool
+    alive: bool = True
+    draining: bool = False
+    in_flight: set[str] = field(default_factory=set)
+    last_ok: float = field(default_factory=time.monotonic)
+    completed: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+class DataFlow:
+    """The dataflow control loop (see the module docstring).
+
+    Args:
+        stream: Where tasks come from.
+        config: Budget, filters, buffers, fault detection.
+        filters: Group filters (default: :func:`default_filters`).
+    """
+
+    def __init__(self, stream: TaskStream, config: DataflowConfig | None = None, *,
+                 filters: Sequence[GroupFilter] | None = None) -> None:
+        self.stream = stream
+        self.config = config or DataflowConfig()
+        self.filters = list(filters) if filters is not None else default_filters(self.config.filter_zero_variance)
+        self.ledger = Ledger()
+        self.services: dict[str, _Svc] = {}
+        self.versions: dict[str, int] = {p: 0 for p in self.config.policies}
+        self.served: dict[str, int] = {p: 0 for p in self.config.policies}  # batches handed to trainers
+        self.buffers: dict[str, deque[_Item]] = {p: deque() for p in self.config.policies}
+        self.replay: dict[str, deque[TrajectoryGroup]] = {p: deque(maxlen=self.config.replay_size)
+                                                          for p in self.config.policies}
+        self.queue: deque[str] = deque()  # requeued ticket ids, submitted before new tasks
+        self.tickets: dict[str, Ticket] = {}
+        self._ids = itertools.count()
+        self._cond: asyncio.Condition | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._running = False
+        self.paused = False
+        self.events: list[tuple[float, str]] = []  # joins, deaths, resubmits (for logs and tests)
+        self.group_walls: list[float] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._start_collectors()
+        self._dispatcher = asyncio.ensure_future(self._dispatch_loop())
+
+    def _start_collectors(self) -> None:
+        for sid, s in self.services.items():
+            if s.task is None and s.alive:
+                s.task = asyncio.ensure_future(self._collect_loop(sid))
+
+    async def stop(self, *, stop_services: bool = True) -> None:
+        """Stop the loops (and the services); what is in flight stays unresolved (see :meth:`drain`)."""
+        self._running = False
+        tasks = [t for t in [self._dispatcher, *(s.task for s in self.services.values())] if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if stop_services:
+            for s in self.services.values():
+                with contextlib.suppress(Exception):
+                    await s.handle.stop()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop dispatching, wait for everything in flight, then expire what no trainer took.
+
+        Afterwards every ticket is terminal: ``ledger.check(drained=True)`` holds.
+        """
+        self.paused = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cond = self._condition()
+        async with cond:
+            while self.ledger.in_state("dispatched") or (self.queue and self._live_ready()):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cond.wait(), 0.5 if left is None else min(0.5, left))
+        for tid in list(self.ledger.in_state("queued")) + list(self.ledger.in_state("dispatched")):
+            for p, st in self.ledger.entries[tid].state.items():
+                if st in ("queued", "dispatched"):
+                    self.ledger.resolve(tid, p, "expired", "run_ended")
+        for p, buf in self.buffers.items():
+            while buf:
+                self.ledger.resolve(buf.popleft().ticket_id, p, "expired", "run_ended")
+        self.queue.clear()
+
+    # ------------------------------------------------------------------ services (elastic)
+    def add_service(self, handle: ServiceHandle, capacity: int = 4, *, ready: bool = True) -> None:
+        """Register a service (any time). ``ready=False`` holds dispatch until :meth:`mark_ready`
+        (e.g. until the trainer has sent it the current weights)."""
+        if handle.service_id in self.services and self.services[handle.service_id].alive:
+            raise ConfigurationError(f"a live service is already registered as {handle.service_id!r}")
+        svc = _Svc(handle, max(1, capacity), ready)
+        self.services[handle.service_id] = svc
+        self.events.append((time.monotonic(), f"join {handle.service_id}"))
+        self._notify()  # the dispatch loop starts the service's collector
+
+    def mark_ready(self, service_id: str) -> None:
+        self.services[service_id].ready = True
+        self._notify()
+
+    async def remove_service(self, service_id: str, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Deregister a service: with ``drain``, let its in-flight groups finish first; else resubmit them."""
+        svc = self.services[service_id]
+        svc.draining = True
+        if drain:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while svc.in_flight and svc.alive and (deadline is None or time.monotonic() < deadline):
+                await asyncio.sleep(0.05)
+        self._mark_dead(service_id, "removed")
+        if svc.task is not None:
+            svc.task.cancel()
+            await asyncio.gather(svc.task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await svc.handle.stop()
+
+    def live_services(self) -> list[str]:
+        return [sid for sid, s in self.services.items() if s.alive]
+
+    # ------------------------------------------------------------------ trainers
+    def set_version(self, policy_id: str, version: int) -> None:
+        """The policy's trainer published ``version`` to the services."""
+        if version < self.versions[policy_id]:
+            raise ConfigurationError(f"version of {policy_id!r} went back from {self.versions[policy_id]} to {version}")
+        self.versions[policy_id] = version
+        self._notify()
+
+    async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
+        """The next batch for ``policy_id`` (waits until its buffer can fill it).
+
+        Raises:
+            asyncio.TimeoutError: no batch within ``timeout``.
+        """
+        if policy_id not in self.buffers:
+            raise ConfigurationError(f"the dataflow layer trains {list(self.buffers)}, not {policy_id!r}")
+        n = n_groups or self.config.groups_per_step
+        n_replay = min(int(n * self.config.replay_ratio), len(self.replay[policy_id]))
+        n_fresh = n - n_replay
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        expired = 0
+        cond = self._condition()
+        async with cond:
+            while True:
+                expired += self._expire(policy_id)
+                if len(self.buffers[policy_id]) >= n_fresh:
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise asyncio.TimeoutError(f"no batch for {policy_id!r} within {timeout} s")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cond.wait(), 1.0 if left is None else min(1.0, left))
+            items = self._take(policy_id, n_fresh)
+            for it in items:
+                self.ledger.resolve(it.ticket_id, policy_id, "trained")
+            replayed = list(itertools.islice(reversed(self.replay[policy_id]), n_replay))
+            for it in items:
+                self.replay[policy_id].append(it.group)
+            self.served[policy_id] += 1
+            cond.notify_all()
+        return Batch(policy_id, [it.group for it in items], [it.ticket_id for it in items], replayed,
+                     [it.min_version for it in items], expired, time.monotonic() - t0)
+
+    # ------------------------------------------------------------------ state
+    def stats(self) -> dict[str, Any]:
+        return {"ledger": self.ledger.counts(), "versions": dict(self.versions), "served": dict(self.served),
+                "buffered": {p: len(b) for p, b in self.buffers.items()}, "requeued_waiting": len(self.queue),
+                "services": {sid: {"alive": s.alive, "ready": s.ready, "in_flight": len(s.in_flight),
+                                   "completed": s.completed} for sid, s in self.services.items()},
+                "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped}}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a training checkpoint needs to resume the data position."""
+        return {"stream": self.stream.state_dict(), "versions": dict(self.versions), "served": dict(self.served),
+                "next_id": next(self._ids)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.versions.update(state["versions"])
+        self.served.update(state["served"])
+        self._ids = itertools.count(int(state.get("next_id", 0)))
+
+    # ------------------------------------------------------------------ the loops
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    def _notify(self) -> None:
+        cond = self._cond
+        if cond is None:
+            return
+
+        async def _n() -> None:
+            async with cond:
+                cond.notify_all()
+
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(_n())
+
+    def _live_ready(self) -> list[_Svc]:
+        return [s for s in self.services.values() if s.alive and s.ready and not s.draining]
+
+    def _pipeline(self, policy: str) -> int:
+        return sum(1 for e in self.ledger.entries.values() if e.state.get(policy) in ("queued", "dispatched", "buffered"))
+
+    def budget(self) -> int:
+        """How many more groups may enter the pipeline now (see the staleness budget)."""
+        c = self.config
+        room = min((self.versions[p] + c.max_staleness + 1 - self.served[p]) * c.groups_per_step - self._pipeline(p)
+                   for p in c.policies)
+        return max(0, room)
+
+    async def _dispatch_loop(self) -> None:
+        cond = self._condition()
+        while self._running:
+            async with cond:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cond.wait(), self.config.poll_s)
+            await self._dispatch_some()
+
+    async def _dispatch_some(self) -> None:
+        self._start_collectors()
+        while self._running:
+            svcs = [s for s in self._live_ready() if len(s.in_flight) < s.capacity]
+            if not svcs:
+                return
+            if self.queue:  # resubmitted work goes first, even while draining
+                tid = self.queue.popleft()
+            elif not self.paused and self.budget() > 0:
+                tid = self._new_ticket()
+            else:
+                return
+            svc = min(svcs, key=lambda s: (len(s.in_flight) / s.capacity, s.completed))
+            ticket = self.tickets[tid]
+            ticket.versions = dict(self.versions)
+            self.ledger.dispatch(tid, svc.handle.service_id)
+            svc.in_flight.add(tid)
+            try:
+                await svc.handle.submit(ticket)
+            except ServiceDead as e:
+                self._mark_dead(svc.handle.service_id, str(e))
+            except Exception as e:  # a service that refuses a submit is treated as dead
+                log.warning("service %s refused a submit: %s", svc.handle.service_id, e)
+                self._mark_dead(svc.handle.service_id, f"submit failed: {e}")
+
+    def _new_ticket(self) -> str:
+        task = self.stream.next()
+        tid = f"t{next(self._ids)}"
+        ticket = Ticket(tid, task, self.config.workflow, tuple(self.config.policies))
+        self.tickets[tid] = ticket
+        self.ledger.open(ticket)
+        return tid
+
+    async def _collect_loop(self, service_id: str) -> None:
+        svc = self.services[service_id]
+        while self._running and svc.alive:
+            try:
+                results = await asyncio.wait_for(svc.handle.collect(self.config.poll_s),
+                                                 self.config.poll_s + self.config.dead_after_s)
+            except asyncio.CancelledError:
+                raise
+            except (ServiceDead, asyncio.TimeoutError) as e:
+                self._mark_dead(service_id, f"{type(e).__name__}: {e}")
+                return
+            except Exception as e:  # a transport error: the service is unreachable
+                self._mark_dead(service_id, f"{type(e).__name__}: {e}")
+                return
+            svc.last_ok = time.monotonic()
+            for res in results:
+                self._on_result(svc, res)
+            if results:
+                self._notify()
+
+    def _on_result(self, svc: _Svc, res: ServiceResult) -> None:
+        svc.in_flight.discard(res.ticket_id)
+        svc.completed += 1
+        if not self.ledger.accept(res.ticket_id, res.attempt):
+            return
+        ticket = self.tickets[res.ticket_id]
+        group = res.group
+        if group is None:  # the workflow itself failed: resubmit (bounded)
+            self._retry(res.ticket_id, res.error or "workflow failed")
+            return
+        self.group_walls.append(res.wall_s)
+        rewards = group.rewards()
+        self.stream.feedback(ticket.task, group.zero_variance(), sum(rewards) / len(rewards) if rewards else 0.0)
+        for p in ticket.policies:
+            reason = next((r for f in self.filters if (r := f(group, p))), None)
+            if reason:
+                self.ledger.resolve(res.ticket_id, p, "filtered", reason)
+                continue
+            self.ledger.buffer(res.ticket_id, p)
+            self.buffers[p].append(_Item(res.ticket_id, group, _min_version(group, p, ticket.versions.get(p, 0)),
+                                         time.monotonic()))
+
+    def _retry(self, ticket_id: str, why: str) -> None:
+        ticket = self.tickets[ticket_id]
+        if ticket.attempt + 1 >= self.config.max_attempts:
+            for p in ticket.policies:
+                self.ledger.resolve(ticket_id, p, "filtered", "attempts")
+            return
+        self.ledger.requeue(ticket_id, why)
+        self.queue.appendleft(ticket_id)
+
+    def _mark_dead(self, service_id: str, why: str) -> None:
+        svc = self.services.get(service_id)
+        if svc is None or not svc.alive:
+            return
+        svc.alive = False
+        self.events.append((time.monotonic(), f"dead {service_id}: {why}"))
+        for tid in sorted(svc.in_flight):
+            if self.ledger.entries[tid].service == service_id and self.ledger.state(tid, self.tickets[tid].policies[0]) == "dispatched":
+                self._retry(tid, f"service {service_id} died: {why}")
+        svc.in_flight.clear()
+        self._notify()
+
+    def _expire(self, policy: str) -> int:
+        floor = self.versions[policy] - self.config.max_staleness
+        buf = self.buffers[policy]
+        keep: deque[_Item] = deque()
+        n = 0
+        while buf:
+            it = buf.popleft()
+            if it.min_version < floor:
+                self.ledger.resolve(it.ticket_id, policy, "expired", "stale")
+                n += 1
+            else:
+                keep.append(it)
+        self.buffers[policy] = keep
+        return n
+
+    def _take(self, policy: str, n: int) -> list[_Item]:
+        buf = self.buffers[policy]
+        if self.config.ordering == "oldest_first":
+            items = sorted(buf, key=lambda it: (it.min_version, it.arrived))
+        else:
+            items = list(buf)
+        chosen, rest = items[:n], items[n:]
+        self.buffers[policy] = deque(sorted(rest, key=lambda it: it.arrived))
+        return chosen
+
+
+def _min_version(group: TrajectoryGroup, policy: str, default: int) -> int:
+    vs = [v for t in group for tu in t.turns if tu.policy_id == policy and (v := tu.min_version) is not None]
+    return min(vs) if vs else default

@@ -1,0 +1,270 @@
+"""The Ray runtime: DataFlow and every RolloutService are Ray actors; the trainer drives from the driver.
+
+* ``ServiceActor`` builds a :class:`~agentgym.dataflow.service.RolloutService` from its
+  :class:`~agentgym.dataflow.runtime.ServiceSpec` *inside* the actor (so its policies and envs live
+  on the actor's node) and exposes the service API as async actor methods.
+* :class:`RayService` is the :class:`~agentgym.dataflow.service.ServiceHandle` over such an actor:
+  a dead actor (killed, crashed, node lost) or a call past ``call_timeout_s`` raises
+  :class:`~agentgym.dataflow.service.ServiceDead`, and DataFlow resubmits the service's work.
+* ``FlowActor`` runs the same :class:`~agentgym.dataflow.flow.DataFlow` in an async actor.
+* :class:`RayRuntime` is the driver-side API, the same as
+  :class:`~agentgym.dataflow.runtime.EmbeddedRuntime`'s.
+
+Multi-node: start a head (``ray start --head``) and more nodes (``ray start --address=HEAD``), give
+nodes custom resources (``--resources '{"node2": 1}'``) and place a service with
+``ServiceSpec(resources={"node2": 0.01})``; connect with ``RayRuntime(..., address="HEAD:PORT")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig
+from agentgym.dataflow.ledger import Ticket
+from agentgym.dataflow.runtime import ServiceSpec, build_service, publish_to
+from agentgym.dataflow.service import ServiceDead, ServiceResult
+from agentgym.dataflow.tasks import TaskRef, TaskStream
+from agentgym.errors import ConfigurationError, DependencyNotInstalled
+
+__all__ = ["RayRuntime", "RayService"]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise DependencyNotInstalled("the Ray runtime", "agentgym[ray]") from e
+    return ray
+
+
+class _ServiceActor:
+    """A RolloutService inside a Ray actor (decorated with ``ray.remote`` in :func:`_actor_classes`)."""
+
+    def __init__(self, spec: ServiceSpec) -> None:
+        self.spec = spec
+        self.svc = build_service(spec)
+
+    async def submit(self, ticket: Ticket) -> None:
+        await self.svc.submit(ticket)
+
+    async def collect(self, timeout: float = 0.0) -> list[ServiceResult]:
+        return await self.svc.collect(timeout)
+
+    async def status(self) -> dict[str, Any]:
+        import ray
+
+        return {**await self.svc.status(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]:
+        return await self.svc.update_weights(policy_id, update, version, **kwargs)
+
+    async def weight_version(self, policy_id: str) -> int:
+        return await self.svc.weight_version(policy_id)
+
+    async def cancel(self, ticket_id: str, attempt: int) -> bool:
+        return await self.svc.cancel(ticket_id, attempt)
+
+    async def stop(self) -> None:
+        await self.svc.stop()
+
+
+class RayService:
+    """A :class:`~agentgym.dataflow.service.ServiceHandle` over a service actor (see the module docstring)."""
+
+    def __init__(self, actor: Any, service_id: str, call_timeout_s: float = 300.0) -> None:
+        self.actor = actor
+        self.service_id = service_id
+        self.call_timeout_s = call_timeout_s
+
+    async def _call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        ray = _ray()
+        try:
+            ref = getattr(self.actor, method).remote(*args, **kwargs)
+            return await asyncio.wait_for(ref, timeout or self.call_timeout_s)
+        except asyncio.TimeoutError:
+            raise ServiceDead(f"service {self.service_id}: {method} got no answer in "
+                              f"{timeout or self.call_timeout_s:g} s") from None
+        except ray.exceptions.RayActorError as e:  # killed, crashed, or its node is gone
+            raise ServiceDead(f"service {self.service_id} actor is dead: {type(e).__name__}") from None
+        except ray.exceptions.RayTaskError as e:  # the method raised: re-raise the original error
+            cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
+            raise cause from None
+
+    async def submit(self, ticket: Ticket) -> None:
+        await self._call("submit", ticket)
+
+    async def collect(self, timeout: float = 0.0) -> list[ServiceResult]:
+        out: list[ServiceResult] = await self._call("collect", timeout, timeout=timeout + self.call_timeout_s)
+        return out
+
+    async def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._call("status")
+        return out
+
+    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]:
+        out: list[str] = await self._call("update_weights", policy_id, update, version, **kwargs)
+        return out
+
+    async def weight_version(self, policy_id: str) -> int:
+        return int(await self._call("weight_version", policy_id))
+
+    async def cancel(self, ticket_id: str, attempt: int) -> bool:
+        return bool(await self._call("cancel", ticket_id, attempt))
+
+    async def stop(self) -> None:
+        with contextlib.suppress(ServiceDead):
+            await self._call("stop", timeout=30)
+        _ray().kill(self.actor, no_restart=True)
+
+
+class _FlowActor:
+    """DataFlow in an async Ray actor (decorated in :func:`_actor_classes`)."""
+
+    def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig, seed: int) -> None:
+        self.flow = DataFlow(TaskStream(list(tasks), seed=seed), config)
+
+    async def start(self) -> None:
+        await self.flow.start()
+
+    async def add_service(self, actor: Any, name: str, capacity: int, ready: bool) -> None:
+        self.flow.add_service(RayService(actor, name), capacity, ready=ready)
+
+    async def mark_ready(self, name: str) -> None:
+        self.flow.mark_ready(name)
+
+    async def remove_service(self, name: str, drain: bool) -> None:
+        await self.flow.remove_service(name, drain=drain)
+
+    async def get_batch(self, policy_id: str, n_groups: int | None, timeout: float | None) -> Batch:
+        return await self.flow.get_batch(policy_id, n_groups, timeout)
+
+    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]:
+        return await publish_to(self.flow, policy_id, update, version)
+
+    async def live_services(self) -> list[str]:
+        return self.flow.live_services()
+
+    async def stats(self) -> dict[str, Any]:
+        return self.flow.stats()
+
+    async def drain(self, timeout: float | None) -> None:
+        await self.flow.drain(timeout)
+
+    async def check_ledger(self, drained: bool) -> dict[str, Any]:
+        self.flow.ledger.check(drained=drained)
+        return self.flow.ledger.counts()
+
+    async def state_dict(self) -> dict[str, Any]:
+        return self.flow.state_dict()
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.flow.load_state_dict(state)
+
+    async def stop(self) -> None:
+        await self.flow.stop()
+
+
+_CLASSES: dict[str, Any] = {}
+
+
+def _actor_classes() -> tuple[Any, Any]:
+    if not _CLASSES:
+        ray = _ray()
+        _CLASSES["service"] = ray.remote(num_cpus=0, max_restarts=0)(_ServiceActor)
+        _CLASSES["flow"] = ray.remote(num_cpus=0, max_restarts=0)(_FlowActor)
+    return _CLASSES["service"], _CLASSES["flow"]
+
+
+class RayRuntime:
+    """DataFlow and services as Ray actors (see the module docstring).
+
+    Args:
+        tasks / config / seed: As for :class:`~agentgym.dataflow.runtime.EmbeddedRuntime`.
+        address: A running cluster (``"127.0.0.1:6379"``); ``None`` starts (or joins) a local Ray.
+        init_kwargs: Extra ``ray.init`` arguments (``runtime_env``, ``num_cpus``...).
+    """
+
+    name = "ray"
+
+    def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig | None = None, *, seed: int = 0,
+                 address: str | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
+        self._service_cls, flow_cls = _actor_classes()
+        self.config = config or DataflowConfig()
+        self.flow = flow_cls.remote(list(tasks), self.config, seed)
+        self.actors: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        await self.flow.start.remote()
+
+    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None:
+        if spec.name in self.actors:
+            raise ConfigurationError(f"a service is already named {spec.name!r}")
+        opts: dict[str, Any] = {"resources": dict(spec.resources)} if spec.resources else {}
+        actor = self._service_cls.options(**opts).remote(spec)
+        await actor.status.remote()  # built (policies loaded) before it joins
+        self.actors[spec.name] = actor
+        if weights:
+            for pid, (state, version) in weights.items():
+                await actor.update_weights.remote(pid, state, version)
+        await self.flow.add_service.remote(actor, spec.name, spec.capacity, True)
+
+    async def remove_service(self, name: str, *, drain: bool = True) -> None:
+        await self.flow.remove_service.remote(name, drain)
+
+    async def kill_service(self, name: str) -> None:
+        """Kill the service's actor (no restart): its in-flight work is resubmitted elsewhere."""
+        _ray().kill(self.actors[name], no_restart=True)
+
+    async def service_status(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self.actors[name].status.remote()
+        return out
+
+    async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
+        try:
+            out: Batch = await self.flow.get_batch.remote(policy_id, n_groups, timeout)
+        except _ray().exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+        return out
+
+    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]:
+        out: dict[str, str] = await self.flow.publish.remote(policy_id, update, version)
+        return out
+
+    async def live_services(self) -> list[str]:
+        out: list[str] = await self.flow.live_services.remote()
+        return out
+
+    async def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self.flow.stats.remote()
+        return out
+
+    async def drain(self, timeout: float | None = None) -> None:
+        await self.flow.drain.remote(timeout)
+
+    async def check_ledger(self, drained: bool = False) -> dict[str, Any]:
+        try:
+            out: dict[str, Any] = await self.flow.check_ledger.remote(drained)
+        except _ray().exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+        return out
+
+    async def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self.flow.state_dict.remote()
+        return out
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        await self.flow.load_state_dict.remote(state)
+
+    async def stop(self) -> None:
+        ray = _ray()
+        with contextlib.suppress(Exception):  # the flow actor may already be gone
+            await asyncio.wait_for(self.flow.stop.remote(), 60)
+        for actor in [self.flow, *self.actors.values()]:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)

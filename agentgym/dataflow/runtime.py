@@ -1,0 +1,184 @@
+"""Runtimes: where the dataflow components live. One driver-side API, two implementations.
+
+* :class:`EmbeddedRuntime` (the default): DataFlow and every RolloutService in this process, on
+  one asyncio loop. No extra dependency.
+* :class:`~agentgym.dataflow.ray_runtime.RayRuntime`: DataFlow and each service are Ray actors
+  (services can be placed on other nodes); the trainer stays in the driver.
+
+Both expose the same async methods (:class:`FlowRuntime`) and run the same
+:class:`~agentgym.dataflow.flow.DataFlow` code, so the contract tests run on both.
+
+A service is described by a :class:`ServiceSpec`: a name and a *factory* that builds its workflows
+(and so its policies) where the service runs: in this process, or inside a Ray actor on another
+node (the factory must then be picklable by cloudpickle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig, GroupFilter
+from agentgym.dataflow.service import LocalService, RolloutService, ServiceDead
+from agentgym.dataflow.tasks import TaskRef, TaskStream
+from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.rollout.workflow import Workflow
+
+__all__ = ["EmbeddedRuntime", "FlowRuntime", "ServiceSpec", "build_service", "make_runtime"]
+
+
+@dataclass
+class ServiceSpec:
+    """How to build one rollout service.
+
+    Attributes:
+        name: Unique service id.
+        workflows: ``() -> {name: workflow}``, called where the service runs.
+        capacity: Groups in flight at once.
+        max_concurrency: Episodes in flight (the service's rollout runtime).
+        env_factory: ``env_id -> env`` for the service's rollout runtime (default: the registry).
+        resources: Ray only: custom resources that place the actor (e.g. ``{"node2": 0.01}``).
+    """
+
+    name: str
+    workflows: Callable[[], Mapping[str, Workflow]]
+    capacity: int = 4
+    max_concurrency: int = 32
+    env_factory: Callable[[str], Any] | None = None
+    resources: dict[str, float] | None = None
+
+
+def build_service(spec: ServiceSpec) -> RolloutService:
+    """Build the service a spec describes (in the calling process)."""
+    return RolloutService(spec.name, spec.workflows(), max_groups=spec.capacity, max_concurrency=spec.max_concurrency,
+                          env_factory=spec.env_factory)
+
+
+@runtime_checkable
+class FlowRuntime(Protocol):
+    """What a trainer (or a test) drives, whatever the runtime."""
+
+    async def start(self) -> None: ...
+
+    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None: ...
+
+    async def remove_service(self, name: str, *, drain: bool = True) -> None: ...
+
+    async def kill_service(self, name: str) -> None: ...
+
+    async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch: ...
+
+    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]: ...
+
+    async def live_services(self) -> list[str]: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def drain(self, timeout: float | None = None) -> None: ...
+
+    async def check_ledger(self, drained: bool = False) -> dict[str, Any]: ...
+
+    async def stop(self) -> None: ...
+
+
+async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int) -> dict[str, str]:
+    """Send ``update`` (version ``version``) to every live service that hosts ``policy_id``; then the
+    flow moves to that version. Returns ``{service: "ok" | error}``; a service that fails is dead."""
+    out: dict[str, str] = {}
+
+    async def one(sid: str) -> None:
+        svc = flow.services[sid]
+        try:
+            await svc.handle.update_weights(policy_id, update, version)
+            out[sid] = "ok"
+        except ConfigurationError as e:  # this service does not host the policy
+            out[sid] = f"skipped: {e}"
+        except ServiceDead as e:
+            out[sid] = f"dead: {e}"
+        except WeightSyncError:
+            raise  # the publisher's mistake (a version that is not newer), not the service's
+        except Exception as e:  # an update a service cannot apply: take it out rather than serve old weights
+            out[sid] = f"failed: {type(e).__name__}: {e}"
+            await flow.remove_service(sid, drain=False)
+
+    await asyncio.gather(*(one(sid) for sid in flow.live_services()))
+    flow.set_version(policy_id, version)
+    return out
+
+
+class EmbeddedRuntime:
+    """DataFlow and services in this process (see the module docstring).
+
+    Args:
+        tasks: The task pool.
+        config: The dataflow configuration.
+        seed: Task order seed.
+        stream: A ready task stream instead of ``tasks`` + ``seed`` (curriculum, skipper).
+        filters: Group filters (default: the config's).
+    """
+
+    name = "embedded"
+
+    def __init__(self, tasks: Sequence[TaskRef] = (), config: DataflowConfig | None = None, *, seed: int = 0,
+                 stream: TaskStream | None = None, filters: Sequence[GroupFilter] | None = None) -> None:
+        self.flow = DataFlow(stream or TaskStream(tasks, seed=seed), config, filters=filters)
+
+    async def start(self) -> None:
+        await self.flow.start()
+
+    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None:
+        """Start a service; with ``weights`` (``{policy: (state, version)}``) it gets them before any work."""
+        handle = LocalService(build_service(spec))
+        self.flow.add_service(handle, spec.capacity, ready=not weights)
+        if weights:
+            for pid, (state, version) in weights.items():
+                await handle.update_weights(pid, state, version)
+            self.flow.mark_ready(spec.name)
+
+    async def remove_service(self, name: str, *, drain: bool = True) -> None:
+        await self.flow.remove_service(name, drain=drain)
+
+    async def kill_service(self, name: str) -> None:
+        handle = self.flow.services[name].handle
+        await handle.kill()  # type: ignore[attr-defined]
+
+    async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
+        return await self.flow.get_batch(policy_id, n_groups, timeout)
+
+    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]:
+        return await publish_to(self.flow, policy_id, update, version)
+
+    async def live_services(self) -> list[str]:
+        return self.flow.live_services()
+
+    async def stats(self) -> dict[str, Any]:
+        return self.flow.stats()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        await self.flow.drain(timeout)
+
+    async def check_ledger(self, drained: bool = False) -> dict[str, Any]:
+        self.flow.ledger.check(drained=drained)
+        return self.flow.ledger.counts()
+
+    async def state_dict(self) -> dict[str, Any]:
+        return self.flow.state_dict()
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.flow.load_state_dict(state)
+
+    async def stop(self) -> None:
+        await self.flow.stop()
+
+
+def make_runtime(kind: str, tasks: Sequence[TaskRef], config: DataflowConfig, **kwargs: Any) -> Any:
+    """``"embedded"`` or ``"ray"`` (``kwargs`` go to the runtime: seed, address, ...)."""
+    if kind == "embedded":
+        return EmbeddedRuntime(tasks, config, **kwargs)
+    if kind == "ray":
+        from agentgym.dataflow.ray_runtime import RayRuntime
+
+        return RayRuntime(tasks, config, **kwargs)
+    raise ConfigurationError(f"runtime must be 'embedded' or 'ray', got {kind!r}")

@@ -1,0 +1,693 @@
+"""``RemoteEnv``: an env on another process or machine, behind the same env contract as a local one.
+
+``RemoteEnv`` is itself an :class:`~agentgym.core.AgentEnv` (registered as ``agentgym/Remote-v0``),
+so the checker, ``agentgym eval`` (with ``--policy expert``), the rollout engine and training use
+it unchanged::
+
+    env = gymnasium.make("agentgym/Remote-v0", url="http://127.0.0.1:8100", env_id="agentgym/SQL-v0")
+    obs, info = env.reset(seed=0)          # info["tools"], info["parser"], info["task_id"] as locally
+
+It talks to ``agentgym serve`` (HTTP by default, or its WebSocket with ``transport="ws"``) and to
+any OpenEnv server (``openenv-core``'s ``create_app``; over its ``/ws`` session protocol): an
+OpenEnv env becomes an AgentGym env. See :class:`RemoteEnv` for how its actions and observations
+are mapped.
+
+Faults: every call has a deadline. Calls that cannot apply twice are retried on transport errors
+(reads, ``reset``, and ``step``, which carries a ``request_id`` the server deduplicates); a call
+that fails for good raises :class:`~agentgym.errors.EnvServerError`, which ends the episode in
+flight with an error while the run goes on. Server errors map onto :mod:`agentgym.errors`. With a
+list of URLs, sessions are spread over the servers and dead ones are skipped
+(:class:`~agentgym.serve.pool.RemotePool`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+
+from agentgym.core import AgentEnv
+from agentgym.errors import ConfigurationError, EnvServerError, ResetNeeded, TaskNotFound
+from agentgym.parsers import get_parser
+from agentgym.serve.protocol import dumps, error_from_body, is_loopback, task_from_wire
+from agentgym.tools import Tool, ToolSet
+from agentgym.types import Message, TaskSpec, ToolSpec
+
+__all__ = ["RemoteEnv"]
+
+log = logging.getLogger(__name__)
+_CODE_FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.S)
+_CODE_FIELDS = ("code", "source", "program", "script")
+
+
+class _Gone(Exception):
+    """The session is gone; a new one (on this server, or another if ``dead``) may succeed."""
+
+    def __init__(self, message: str, dead: bool = True) -> None:
+        super().__init__(message)
+        self.dead = dead
+
+
+class RemoteEnv(AgentEnv):
+    """An env served by ``agentgym serve`` or by any OpenEnv server.
+
+    Args:
+        url: The server's base URL (``http://host:port``, or ``.../envs/SQL-v0`` for one of several
+            envs), or a list (or comma-separated string) of URLs to spread sessions over.
+        env_id: Which served env to use (default: the one at ``url``). Ignored by OpenEnv servers.
+        token: Bearer token (default: ``$AGENTGYM_TOKEN``).
+        transport: ``"http"``, ``"ws"`` or ``"auto"`` (HTTP for ``agentgym serve``; OpenEnv servers
+            are stateful only over their WebSocket, so ``"auto"`` picks ``"ws"`` for them).
+        timeout_s: Deadline of one call (the server's own step timeout should be shorter).
+        connect_timeout_s: Deadline to connect.
+        retries: Extra attempts of a retryable call.
+        backoff_s: First backoff; doubles each retry.
+        parser: Override the served env's parser (sent as an env kwarg; needs the server to allow it).
+        format_penalty: Sent as an env kwarg, like ``parser``.
+        env_kwargs: Other env kwargs for the session (the server allows ``parser`` and
+            ``format_penalty`` unless started with ``--client-kwargs``).
+        openenv_tasks: OpenEnv servers have no task list: each split gets this many tasks, task
+            ``seed-N`` being ``reset(seed=N)`` (train: N < openenv_tasks, test: N >= 10**6).
+        success_reward: OpenEnv servers report no success: an episode that ends with a step reward
+            above this counts as solved.
+        pool: A :class:`~agentgym.serve.pool.RemotePool` to pick the server from (default: the
+            process-wide pool of ``url`` when it lists several servers).
+    """
+
+    family = "remote"
+    splits: tuple[str, ...] = ()  # type: ignore[misc]  # read from the server
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        env_id: str | None = None,
+        *,
+        token: str | None = None,
+        transport: str = "auto",
+        timeout_s: float = 360.0,
+        connect_timeout_s: float = 5.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+        parser: str | None = None,
+        format_penalty: float | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        openenv_tasks: int = 100,
+        success_reward: float = 0.0,
+        pool: Any = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(render_mode=render_mode)
+        if transport not in ("auto", "http", "ws"):
+            raise ConfigurationError(f"transport must be 'auto', 'http' or 'ws', got {transport!r}.")
+        from agentgym.serve.pool import RemotePool
+
+        urls = [u.strip() for u in (url.split(",") if isinstance(url, str) else url or ()) if u and u.strip()]
+        if not urls:
+            raise ConfigurationError("RemoteEnv needs url= (http://host:port of `agentgym serve` or an OpenEnv server).")
+        for u in urls:
+            if not u.startswith(("http://", "https://", "ws://", "wss://")):
+                raise ConfigurationError(f"env server URL {u!r} must start with http:// or https://.")
+        self.token = token if token is not None else os.environ.get("AGENTGYM_TOKEN") or None
+        if pool is None and len(urls) > 1:
+            pool = RemotePool.shared(urls, token=self.token, connect_timeout_s=connect_timeout_s)
+        self.pool: RemotePool | None = pool
+        self.urls = urls
+        self.requested_env_id = env_id
+        self.transport_pref = transport
+        self.timeout_s = float(timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.retries = max(0, int(retries))
+        self.backoff_s = float(backoff_s)
+        kw = dict(env_kwargs or {})
+        if parser is not None:
+            kw["parser"] = parser
+        if format_penalty is not None:
+            kw["format_penalty"] = format_penalty
+        self.session_kwargs = kw
+        self.openenv_tasks = int(openenv_tasks)
+        self.success_reward = float(success_reward)
+        # set by _connect
+        self.url = ""  # the server root in use
+        self.base = ""  # the env's base URL on it
+        self.kind = ""  # "agentgym" | "openenv"
+        self.transport = ""
+        self.session_id: str | None = None
+        self.spec_info: dict[str, Any] = {}
+        self.env_id: str | None = None
+        self.tool_specs: list[ToolSpec] = []
+        self._toolset = ToolSet()
+        self.max_action_chars: int | None = None
+        self._http: Any = None
+        self._ws: Any = None
+        self._tasks: dict[str, list[TaskSpec]] = {}
+        self._openenv_field: str | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._step_reward = 0.0
+        self._connect()
+
+    # ================================================================================ connection
+    def _headers(self) -> dict[str, str]:
+        h = {"content-type": "application/json", "accept": "application/json"}
+        if self.token:
+            h["authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _client(self) -> Any:
+        if self._http is None:
+            import httpx
+
+            host = urllib.parse.urlsplit(self.url).hostname or ""
+            self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
+                                      headers=self._headers(), trust_env=not is_loopback(host), verify=_ssl_context(),
+                                      limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
+        return self._http
+
+    def _connect(self) -> None:
+        """Pick a server, learn what it serves, and open a session there."""
+        tried: list[str] = []
+        candidates = self.pool.candidates() if self.pool is not None else list(self.urls)
+        last: Exception | None = None
+        for url in candidates:
+            self._drop_transport()
+            self.url = url.rstrip("/").replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+            try:
+                self._open()
+            except (_Gone, EnvServerError) as e:
+                retryable = isinstance(e, _Gone) or e.retryable or e.status is None
+                if self.pool is None or not retryable:
+                    self._drop_transport()
+                    if isinstance(e, _Gone):
+                        raise EnvServerError(f"env server {self.url} is unreachable: {e}") from None
+                    raise
+                self.pool.mark_dead(url, str(e))
+                tried.append(url)
+                last = e
+                continue
+            except BaseException:  # a configuration error (wrong env id, token): nothing stays open
+                self._drop_transport()
+                raise
+            if self.pool is not None:
+                self.pool.acquire(url)
+            return
+        self._drop_transport()
+        raise EnvServerError(f"no env server could be reached (tried {', '.join(tried) or 'none'}; last error: {last})",
+                             retryable=True)
+
+    def _open(self) -> None:
+        spec_body = self._get_spec(self.url)
+        if spec_body is None:  # not agentgym serve: an OpenEnv server
+            self._open_openenv()
+            return
+        self.kind = "agentgym"
+        envs = list(spec_body.get("envs") or [])
+        here = spec_body["env"]["env_id"]
+        want = self.requested_env_id
+        self.base = self.url
+        if want is not None and want not in (here, here.removeprefix("agentgym/")):
+            full = want if want.startswith("agentgym/") else "agentgym/" + want
+            if full not in envs:
+                raise ConfigurationError(f"{self.url} does not serve {want!r}; it serves: {', '.join(envs)}")
+            root = self.url.split("/envs/")[0]
+            self.base = f"{root}/envs/{full.removeprefix('agentgym/')}"
+            spec_body = self._get_spec(self.base)
+            if spec_body is None:
+                raise EnvServerError(f"{self.base} does not answer /agentgym/spec")
+        self.transport = "ws" if self.transport_pref == "ws" else "http"
+        if self.transport == "http":
+            out = self._http_call("POST", "/agentgym/sessions", {"env_kwargs": self.session_kwargs}, idempotent=False)
+            self.session_id = out["session_id"]
+            spec_body = out["spec"]
+        else:
+            if self.session_kwargs:
+                raise ConfigurationError("env kwargs (parser, format_penalty...) need transport='http'.")
+            self._ws_open(self.base)
+        self._apply_spec(spec_body)
+
+    def _get_spec(self, base: str) -> dict[str, Any] | None:
+        """``GET /agentgym/spec``, or ``None`` if the server is not ``agentgym serve`` (404)."""
+        self.base = base
+        try:
+            return self._http_call("GET", "/agentgym/spec", None, idempotent=True)  # type: ignore[no-any-return]
+        except EnvServerError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _apply_spec(self, body: dict[str, Any]) -> None:
+        env = body["env"]
+        self.spec_info = body
+        self.env_id = env["env_id"]
+        self.splits = tuple(env.get("splits") or ())
+        self.default_split = env.get("default_split") or (self.splits[0] if self.splits else "train")  # type: ignore[misc]
+        self.tool_specs = list(env.get("tools") or [])
+        self._toolset = _spec_toolset(self.tool_specs)
+        self.parser = get_parser(env.get("parser") or ("hermes" if self.tool_specs else "react"))
+        self.max_action_chars = (body.get("limits") or {}).get("max_action_chars")
+        self.remote_family = env.get("family")
+
+    def _drop_transport(self) -> None:
+        if self._ws is not None:
+            try:
+                self._ws.close()
+            except Exception as e:  # best effort
+                log.debug("websocket close failed: %s", e)
+            self._ws = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        self.session_id = None
+
+    def _reconnect(self, why: str, dead: bool = True) -> None:
+        """A new session: on this server, or (with a pool, if this one is ``dead``) another live one."""
+        log.info("RemoteEnv: reconnecting (%s)", why)
+        if self.pool is not None:
+            self.pool.release(self.url)
+            if dead:
+                self.pool.mark_dead(self.url, why)
+        self._connect()
+
+    # ================================================================================ HTTP
+    def _http_call(self, method: str, path: str, body: Any, *, idempotent: bool,
+                   params: dict[str, Any] | None = None) -> Any:
+        """One JSON call with bounded retries. Raises EnvServerError (or a mapped error class)."""
+        import httpx
+
+        url = self.base + path
+        content = dumps(body) if body is not None else None
+        last = "no attempt"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                r = self._client().request(method, url, content=content, params=params)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server: always safe
+                last = f"{type(e).__name__}: {e}"
+                continue
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as e:
+                last = f"{type(e).__name__}: {e}"
+                if idempotent:
+                    continue
+                raise EnvServerError(f"{url}: the connection failed mid-request ({last}); not retried "
+                                     "(the call may have been applied)") from None
+            except httpx.TimeoutException as e:
+                raise EnvServerError(f"{url}: no answer within {self.timeout_s:g} s ({type(e).__name__})") from None
+            except httpx.HTTPError as e:
+                raise EnvServerError(f"{url}: {type(e).__name__}: {e}") from None
+            if r.status_code < 300:
+                try:
+                    return r.json()
+                except ValueError:
+                    raise EnvServerError(f"{url}: the server sent a response that is not JSON") from None
+            try:
+                err_body = r.json()
+            except ValueError:
+                err_body = {"detail": r.text[:300]}
+            err = error_from_body(r.status_code, err_body, url)
+            if isinstance(err, EnvServerError) and err.retryable and idempotent and attempt < self.retries:
+                last = str(err)
+                continue
+            raise err
+        raise EnvServerError(f"env server {url} failed after {self.retries + 1} attempts ({last})", retryable=True)
+
+    # ================================================================================ WebSocket
+    def _ws_open(self, base: str) -> None:
+        from websockets.sync.client import connect
+
+        ws_url = base.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/ws"
+        host = urllib.parse.urlsplit(ws_url).hostname or ""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            self._ws = connect(ws_url, additional_headers=headers, open_timeout=self.connect_timeout_s,
+                               max_size=2**26, compression=None, proxy=None if is_loopback(host) else True,
+                               close_timeout=1, ping_interval=None)
+        except Exception as e:
+            text = str(e)
+            if "403" in text or "1008" in text:
+                raise ConfigurationError(f"{ws_url}: the server refused the connection ({text}); pass its token") from None
+            raise _Gone(f"{type(e).__name__}: {e}") from None
+
+    def _ws_call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self._ws is None:
+            raise _Gone("no connection")
+        try:
+            self._ws.send(dumps(msg).decode())
+            raw = self._ws.recv(timeout=self.timeout_s)
+        except TimeoutError:
+            raise EnvServerError(f"{self.base}/ws: no answer within {self.timeout_s:g} s") from None
+        except Exception as e:  # ConnectionClosed, OSError: the session went with the connection
+            raise _Gone(f"{type(e).__name__}: {e}") from None
+        out = json.loads(raw)
+        if out.get("type") == "error":
+            data = out.get("data") or {}
+            kind = data.get("error_type")
+            if kind is None:  # an OpenEnv server: its codes
+                if data.get("code") == "CAPACITY_REACHED":
+                    raise EnvServerError(f"{self.base}: {data.get('message')}", status=503, retryable=True)
+                kind = "EnvError"
+            raise error_from_body(int(data.get("status") or 500), {"detail": {"type": kind,
+                                                                                "message": data.get("message", "")}},
+                                  self.base + "/ws")
+        return out  # type: ignore[no-any-return]
+
+    # ================================================================================ OpenEnv servers
+    def _open_openenv(self) -> None:
+        self.kind = "openenv"
+        self.transport = "ws"
+        if self.transport_pref == "http":
+            raise ConfigurationError(f"{self.url} is an OpenEnv server; its HTTP /reset and /step are stateless, "
+                                     "so RemoteEnv talks to it over its WebSocket (transport='ws' or 'auto').")
+        meta: dict[str, Any] = {}
+        try:
+            meta = self._http_call("GET", "/metadata", None, idempotent=True)
+        except EnvServerError as e:
+            if e.status is None:
+                raise
+        schema = self._http_call("GET", "/schema", None, idempotent=True)
+        action_schema = schema.get("action") or {}
+        props = {k: v for k, v in (action_schema.get("properties") or {}).items() if k != "metadata"}
+        strings = [k for k, v in props.items() if v.get("type") == "string"]
+        self._openenv_field = strings[0] if len(props) == 1 and len(strings) == 1 else None
+        self._ws_open(self.url)
+        tools: list[ToolSpec] = []
+        reply = self._ws_call({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list", "id": 1}})
+        for t in ((reply.get("data") or {}).get("result") or {}).get("tools") or []:
+            tools.append({"type": "function", "function": {
+                "name": str(t.get("name")), "description": str(t.get("description") or ""),
+                "parameters": t.get("inputSchema") or t.get("input_schema") or {"type": "object", "properties": {}}}})
+        name = str(meta.get("name") or self.url)
+        self._apply_spec({"env": {"env_id": name, "family": "openenv", "splits": ["train", "test"],
+                                  "default_split": "train", "tools": tools,
+                                  "parser": "hermes" if tools else "react"},
+                          "limits": {}, "openenv": {"metadata": meta, "action_schema": action_schema}})
+        if self.session_kwargs.get("parser"):
+            self.parser = get_parser(self.session_kwargs["parser"])
+
+    def _openenv_obs(self, payload: dict[str, Any], first: bool) -> list[Message]:
+        obs = payload.get("observation") or {}
+        if "tool_name" in obs:  # an MCP CallToolObservation
+            return [{"role": "tool", "tool_call_id": "", "name": str(obs["tool_name"]), "content": _tool_text(obs)}]
+        return [{"role": "user", "content": _render_obs(obs, first)}]
+
+    # ================================================================================ the env API
+    def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
+        if split not in self._tasks:
+            if self.kind == "openenv":
+                if split not in self.splits:
+                    raise TaskNotFound(f"{self.env_id} has no split {split!r}; splits: {', '.join(self.splits)}")
+                off = 0 if split == "train" else 10**6
+                self._tasks[split] = [TaskSpec(f"seed-{off + i}", split, "openenv") for i in range(self.openenv_tasks)]
+            elif self.transport == "ws":
+                out = self._with_session(lambda: self._ws_call({"type": "agentgym/tasks", "data": {"split": split}}))
+                self._tasks[split] = [task_from_wire(t) for t in out["data"]["tasks"]]
+            else:
+                out = self._http_call("GET", "/agentgym/tasks", None, idempotent=True, params={"split": split})
+                self._tasks[split] = [task_from_wire(t) for t in out["tasks"]]
+        return self._tasks[split]
+
+    def _with_session(self, fn: Any) -> Any:
+        """Run ``fn``; if the session is gone (and nothing was lost), reconnect once and rerun it."""
+        try:
+            return fn()
+        except _Gone as e:
+            self._reconnect(str(e), e.dead)
+            try:
+                return fn()
+            except _Gone as e2:
+                raise EnvServerError(f"env server {self.base} is unreachable: {e2}") from None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode on the server (same ``seed``/``options`` as a local env)."""
+        if self._closed:
+            raise ResetNeeded("this RemoteEnv is closed")
+        gymnasium.Env.reset(self, seed=seed)
+        opts = dict(options or {})
+        task = opts.pop("task", None)
+        if isinstance(task, TaskSpec):
+            opts["task_id"] = task.task_id
+        self._state = "new"
+        if self.kind == "openenv":
+            messages, info = self._reset_openenv(seed, opts)
+        else:
+            body: dict[str, Any] = {"seed": seed, "options": {k: v for k, v in opts.items() if v is not None}}
+            out = self._reset_call(body)
+            o = out["observation"]
+            messages, info = list(o["messages"]), dict(o["info"])
+        self._state = "running"
+        self._turn = 0
+        self._last_messages = messages
+        self.task = TaskSpec(str(info.get("task_id")), "", str(info.get("task_type", "default")))
+        return messages, info
+
+    def _reset_call(self, body: dict[str, Any]) -> dict[str, Any]:
+        def go() -> dict[str, Any]:
+            if self.transport == "ws":
+                return self._ws_call({"type": "reset", "data": body})["data"]  # type: ignore[no-any-return]
+            try:
+                return self._http_call("POST", "/reset", {**body, "session_id": self.session_id}, idempotent=True)  # type: ignore[no-any-return]
+            except EnvServerError as e:
+                if e.status == 404:  # the session expired (or the server restarted): a new one
+                    raise _Gone(str(e), dead=False) from None
+                if e.status is None or e.retryable:  # unreachable or full: another server, if any
+                    raise _Gone(str(e)) from None
+                raise
+
+        return self._with_session(go)  # type: ignore[no-any-return]
+
+    def _reset_openenv(self, seed: int | None, opts: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
+        task_id = opts.get("task_id")
+        if task_id is None and opts.get("split") is not None:
+            pool = self.tasks(str(opts["split"]))
+            i = int(opts["index"]) if opts.get("index") is not None else int(self.np_random.integers(len(pool)))
+            task_id = pool[i % len(pool)].task_id
+        if task_id is not None:
+            m = re.fullmatch(r"seed-(\d+)", str(task_id))
+            if m is None:
+                raise TaskNotFound(f"{self.env_id} (an OpenEnv server) has tasks seed-N only, not {task_id!r}")
+            seed = int(m.group(1))
+        elif seed is None:
+            seed = int(self.np_random.integers(self.openenv_tasks))
+        task_id = f"seed-{seed}"
+        data: dict[str, Any] = {"seed": seed}
+        out = self._with_session(lambda: self._ws_call({"type": "reset", "data": data}))["data"]
+        self._step_reward = 0.0
+        messages = self._openenv_obs(out, first=True)
+        info = {"task_id": task_id, "task_type": "openenv", "tools": list(self.tool_specs),
+                "parser": self.parser.name, "metrics": {}}
+        return messages, info
+
+    def step(self, action: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Send one assistant turn; returns only the new messages (as a local env)."""
+        if self._state == "new":
+            raise ResetNeeded("RemoteEnv.step() called before reset().")
+        if self._state == "done":
+            raise ResetNeeded("RemoteEnv.step() called after the episode ended; call reset().")
+        self._turn += 1
+        if self.kind == "openenv":
+            messages, reward, terminated, truncated, info = self._step_openenv(action)
+        else:
+            out = self._step_call(self._encode(action))
+            o = out["observation"]
+            messages, info = list(o["messages"]), dict(o["info"])
+            reward, terminated, truncated = float(out.get("reward") or 0.0), bool(o["terminated"]), bool(o["truncated"])
+        if terminated or truncated:
+            self._state = "done"
+        self._last_messages = messages
+        return messages, reward, terminated, truncated, info
+
+    def _encode(self, action: Any) -> dict[str, Any]:
+        if not isinstance(action, (str, dict)):
+            try:
+                json.dumps(action)
+            except (TypeError, ValueError):
+                action = str(action)
+        limit = self.max_action_chars
+        if limit is not None:
+            size = len(action) if isinstance(action, str) else len(dumps(action))
+            if size > limit:  # the server answers an oversized action with an error observation; send it a stub
+                text = action if isinstance(action, str) else dumps(action).decode()
+                action = text[: limit + 1]
+        return {"type": "message", "message": action}
+
+    def _step_call(self, action: dict[str, Any]) -> dict[str, Any]:
+        request_id = uuid.uuid4().hex
+        try:
+            if self.transport == "ws":
+                return self._ws_call({"type": "step", "data": action, "request_id": request_id})["data"]  # type: ignore[no-any-return]
+            return self._http_call("POST", "/step", {"session_id": self.session_id, "action": action,  # type: ignore[no-any-return]
+                                                     "request_id": request_id}, idempotent=True)
+        except _Gone as e:
+            self._state = "done"
+            if self.pool is not None:
+                self.pool.mark_dead(self.url, str(e))
+            raise EnvServerError(f"env server {self.base}: the session was lost mid-episode ({e})") from None
+        except EnvServerError as e:
+            self._state = "done"
+            if self.pool is not None and e.status is None:  # unreachable: skip it for the next envs
+                self.pool.mark_dead(self.url, str(e))
+            raise
+
+    def _step_openenv(self, action: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        parsed = self.parser.parse(action, self._toolset if len(self._toolset) else None)
+        info: dict[str, Any] = {"task_id": self.task.task_id if self.task else None, "tool_calls": parsed.tool_calls,
+                                "command": parsed.command}
+        payloads: list[tuple[dict[str, Any], str | None]] = []
+        if parsed.error is None and parsed.tool_calls:
+            payloads = [({"type": "call_tool", "tool_name": c["name"], "arguments": c["arguments"]}, c["id"])
+                        for c in parsed.tool_calls]
+        else:
+            raw = action if isinstance(action, str) else (action.get("content") if isinstance(action, dict) else None)
+            text = parsed.command if parsed.command is not None else raw
+            if parsed.error is None and isinstance(raw, str) and self._openenv_field in _CODE_FIELDS:
+                m = _CODE_FENCE.search(raw)  # a program: the whole turn, or its fenced block
+                payloads = [({self._openenv_field: m.group(1) if m else raw}, None)]
+            elif parsed.error is None and isinstance(text, str) and self._openenv_field is not None:
+                payloads = [({self._openenv_field: text}, None)]
+            elif parsed.error is None and isinstance(text, str) and text.strip().startswith("{"):
+                try:
+                    obj = json.loads(text)
+                    payloads = [(obj, None)] if isinstance(obj, dict) else []
+                except json.JSONDecodeError:
+                    payloads = []
+        if not payloads:
+            reason = parsed.error or "no action found"
+            self.count("parse_errors")
+            info.update(parse_error=reason, metrics=dict(self.metrics))
+            hint = self.parser.format_instructions(self._toolset) if self.tool_specs else (
+                f"Send {self._openenv_field!r} as plain text." if self._openenv_field else "Send a JSON action object.")
+            return [{"role": "user", "content": f"Error: {reason}. {hint}"}], 0.0, False, False, info
+        messages: list[Message] = []
+        reward, done = 0.0, False
+        for payload, call_id in payloads:
+            out = self._with_session_step(payload)
+            for msg in self._openenv_obs(out, first=False):
+                if call_id is not None and msg["role"] == "tool":
+                    msg["tool_call_id"] = call_id
+                    self.count("tool_calls")
+                    if (out.get("observation") or {}).get("error"):
+                        self.count("tool_errors")
+                messages.append(msg)
+            r = out.get("reward")
+            reward += float(r) if isinstance(r, (int, float)) else 0.0
+            if out.get("done"):
+                done = True
+                break
+        info["metrics"] = dict(self.metrics)
+        if done:
+            info["success"] = reward > self.success_reward
+        return messages, reward, done, False, info
+
+    def _with_session_step(self, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._ws_call({"type": "step", "data": payload})["data"]  # type: ignore[no-any-return]
+        except _Gone as e:
+            self._state = "done"
+            raise EnvServerError(f"OpenEnv server {self.url}: the session was lost mid-episode ({e})") from None
+
+    def expert_action(self) -> str | Message | None:
+        """The served env's expert move (``None`` for OpenEnv servers, which have no expert)."""
+        if self.kind == "openenv" or self._state != "running":
+            return None
+        if self.transport == "ws":
+            try:
+                out = self._ws_call({"type": "agentgym/expert"})["data"]
+            except _Gone as e:
+                raise EnvServerError(f"env server {self.base}: the session was lost ({e})") from None
+        else:
+            out = self._http_call("GET", "/agentgym/expert", None, idempotent=True, params={"session_id": self.session_id})
+        return out.get("action")  # type: ignore[no-any-return]
+
+    def admissible_actions(self) -> list[str] | None:
+        return None  # sent in info by the server
+
+    def remote_state(self) -> dict[str, Any]:
+        """OpenEnv's ``/state`` of this session (episode id, step count...)."""
+        if self.transport == "ws":
+            return self._ws_call({"type": "state"})["data"]  # type: ignore[no-any-return]
+        return self._http_call("GET", "/state", None, idempotent=True, params={"session_id": self.session_id})  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close the session on the server (best effort, short deadline) and the connection."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if self.transport == "http" and self.session_id is not None and self._http is not None:
+                self._http.request("DELETE", f"{self.base}/agentgym/sessions/{self.session_id}",
+                                   timeout=min(2.0, self.timeout_s))
+            elif self._ws is not None:
+                self._ws.send('{"type":"close"}')
+        except Exception as e:  # a dead server: nothing to close
+            log.debug("RemoteEnv close: %s", e)
+        finally:
+            self._drop_transport()
+            if self.pool is not None and self.url:
+                self.pool.release(self.url)
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"RemoteEnv({self.base or self.urls!r}, env_id={self.env_id!r}, transport={self.transport!r})"
+
+
+def _spec_toolset(specs: list[ToolSpec]) -> ToolSet:
+    """A ToolSet of remote tools (names, schemas, first parameters), for the parsers; never called locally."""
+    import pydantic
+
+    def _remote(**_kw: Any) -> str:
+        raise EnvServerError("a remote tool cannot run locally")
+
+    out = ToolSet()
+    for s in specs:
+        f = s["function"]
+        params = dict(f.get("parameters") or {})
+        out.add(Tool(f["name"], f.get("description", ""), _remote, pydantic.BaseModel, params,
+                     param_names=list((params.get("properties") or {}).keys())))
+    return out
+
+
+_SSL: list[Any] = []
+_SSL_LOCK = threading.Lock()
+
+
+def _ssl_context() -> Any:
+    """One TLS context for every client: building one costs ~50 ms, and each RemoteEnv has a client."""
+    with _SSL_LOCK:
+        if not _SSL:
+            import httpx
+
+            _SSL.append(httpx.create_ssl_context())
+        return _SSL[0]
+
+
+def _tool_text(obs: dict[str, Any]) -> str:
+    err = obs.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return f"Error: {err['message']}"
+    res = obs.get("result")
+    if isinstance(res, dict):
+        parts = [c.get("text", "") for c in res.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
+        if parts:
+            return "\n".join(parts)
+        if "data" in res:
+            return res["data"] if isinstance(res["data"], str) else json.dumps(res["data"], default=str)
+    return res if isinstance(res, str) else json.dumps(res, default=str)
+
+
+def _render_obs(obs: dict[str, Any], first: bool) -> str:
+    fields = {k: v for k, v in obs.items() if v not in (None, "", [], {})}
+    strings = [v for v in fields.values() if isinstance(v, str)]
+    if len(fields) == 1 and len(strings) == 1:
+        return strings[0]
+    if not fields:
+        return "The environment is ready." if first else "(no output)"
+    return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v, default=str)}" for k, v in fields.items())

@@ -1,0 +1,64 @@
+"""Fakes for the dataflow tests: a coin-flip counter player with real weight versions."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from rollout_fakes import SUBMIT, FakePolicy, counter_action, messages_of
+
+from agentgym.dataflow.service import LocalService, RolloutService
+from agentgym.errors import WeightSyncError
+from agentgym.policy import Capabilities, Generation, GenRequest
+from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
+
+ENV = "agentgym/TestCounter-v0"
+
+
+class CoinPolicy(FakePolicy):
+    """Plays the counter env, but submits too early with probability ``p_fail`` per episode
+    (keyed by group and member, so the outcome does not depend on scheduling). Takes weight updates:
+    each token carries the version current when it was generated; ``latency`` per call."""
+
+    capabilities = Capabilities(weight_updates=True)
+
+    def __init__(self, policy_id: str = "policy", p_fail: float = 0.5, latency: float = 0.01) -> None:
+        self.policy_id = policy_id
+        self.p_fail = p_fail
+        self.latency = latency
+        self.weight_version = 0
+        self.updates: list[int] = []
+
+    async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        await asyncio.sleep(self.latency)
+        out = []
+        for r in requests:
+            key = f"{r.metadata.get('group_id')}|{r.metadata.get('member')}"
+            fail = random.Random(zlib.crc32(key.encode())).random() < self.p_fail
+            text = SUBMIT if fail else counter_action(messages_of(r))
+            out.append(Generation(text=text, token_ids=[1, 2, 3], logprobs=[-0.1] * 3, weight_version=self.weight_version))
+        return out
+
+    def update_weights(self, update: Any, version: int) -> list[str]:
+        if version <= self.weight_version:
+            raise WeightSyncError(f"version {version} not newer than {self.weight_version}")
+        self.weight_version = version
+        self.updates.append(version)
+        return []
+
+
+def make_service(name: str, group_size: int = 4, max_groups: int = 4, p_fail: float = 0.5, latency: float = 0.01,
+                 policy_id: str = "policy") -> LocalService:
+    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency)
+    wf = MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))
+    return LocalService(RolloutService(name, {"default": wf}, max_groups=max_groups, max_concurrency=16))
+
+
+def coin_workflows(group_size: int = 4, p_fail: float = 0.5, latency: float = 0.01,
+                   policy_id: str = "policy") -> dict[str, MultiTurnWorkflow]:
+    """A service's workflows (a picklable factory for ServiceSpec: it runs where the service runs)."""
+    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency)
+    return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))}

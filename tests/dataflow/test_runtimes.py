@@ -1,0 +1,105 @@
+"""The same contract on both runtimes: embedded (asyncio) and Ray (actors)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dataflow_fakes import ENV, coin_workflows
+
+from agentgym.dataflow.flow import DataflowConfig
+from agentgym.dataflow.runtime import ServiceSpec, make_runtime
+from agentgym.dataflow.tasks import TaskRef
+
+TASKS = [TaskRef(ENV, f"ok-{n}", seed=0) for n in (1, 2, 3)]
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    ray = pytest.importorskip("ray")
+    path = os.pathsep.join([str(TESTS / "dataflow"), str(TESTS / "rollout"), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(params=["embedded", pytest.param("ray", marks=pytest.mark.slow)])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "ray":
+        request.getfixturevalue("ray_local")
+    return str(request.param)
+
+
+def spec(name: str, **kw: Any) -> ServiceSpec:
+    return ServiceSpec(name, functools.partial(coin_workflows, **kw), capacity=3, max_concurrency=12)
+
+
+async def trainer(rt: Any, steps: int, policy: str = "policy") -> tuple[list[int], list[str]]:
+    staleness: list[int] = []
+    tickets: list[str] = []
+    v = (await rt.stats())["versions"][policy]
+    for _ in range(steps):
+        batch = await rt.get_batch(policy, timeout=120)
+        staleness += [v - x for x in batch.versions]
+        tickets += batch.tickets
+        v += 1
+        await rt.publish(policy, None, v)
+    return staleness, tickets
+
+
+async def test_contract_synchronous_run(kind: str) -> None:
+    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=0, poll_s=0.05))
+    await rt.start()
+    try:
+        await rt.add_service(spec("a"))
+        await rt.add_service(spec("b"))
+        staleness, tickets = await trainer(rt, 3)
+        await rt.drain(timeout=60)
+        counts = await rt.check_ledger(drained=True)
+    finally:
+        await rt.stop()
+    assert staleness == [0] * 9 and len(set(tickets)) == 9 == counts["states"]["trained"]
+
+
+async def test_contract_killed_service_loses_nothing(kind: str) -> None:
+    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=1, poll_s=0.05, dead_after_s=10))
+    await rt.start()
+    try:
+        await rt.add_service(spec("victim", latency=0.05))
+        await rt.add_service(spec("survivor", latency=0.05))
+        _, first = await trainer(rt, 1)
+        await asyncio.sleep(0.05)  # the victim has work in flight
+        await rt.kill_service("victim")
+        _, rest = await trainer(rt, 2)
+        live = await rt.live_services()
+        await rt.drain(timeout=60)
+        counts = await rt.check_ledger(drained=True)
+    finally:
+        await rt.stop()
+    assert live == ["survivor"]
+    trained = first + rest
+    assert len(trained) == len(set(trained)) == counts["states"]["trained"] == 9
+
+
+async def test_contract_late_joiner_gets_weights_first(kind: str) -> None:
+    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=2, max_staleness=0, poll_s=0.05))
+    await rt.start()
+    try:
+        await rt.add_service(spec("first"))
+        staleness, _ = await trainer(rt, 2)
+        # a service joining at version 2 is brought to version 2 before it takes work
+        await rt.add_service(spec("late"), weights={"policy": (None, 2)})
+        await rt.remove_service("first", drain=True)
+        batch = await rt.get_batch("policy", timeout=120)
+        await rt.drain(timeout=60)
+        await rt.check_ledger(drained=True)
+    finally:
+        await rt.stop()
+    assert batch.versions == [2, 2] and staleness == [0] * 4

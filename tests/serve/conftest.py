@@ -1,0 +1,162 @@
+"""Fixtures for the env-service tests: servers on 127.0.0.1 (in a thread, or a subprocess to kill)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+import agentgym
+from agentgym.core import AgentEnv, StepResult
+from agentgym.serve.server import EnvServer
+from agentgym.tools import tool
+from agentgym.types import Message, TaskSpec
+
+HERE = Path(__file__).resolve().parent
+VENV_BIN = Path(sys.executable).parent
+
+
+class ServeTestEnv(AgentEnv):
+    """A tool env whose text turns can misbehave on purpose: ``sleep S`` blocks, ``crash`` raises."""
+
+    family = "test"
+
+    def tasks(self, split: str = "train") -> list[TaskSpec]:
+        return [TaskSpec(f"{split}-{i}", split, "t", {"n": i}) for i in range(4)]
+
+    def _reset_task(self, task: TaskSpec) -> list[Message]:
+        return [{"role": "user", "content": f"task {task.task_id}"}]
+
+    @tool
+    def done(self, answer: int) -> str:
+        """Finish.
+
+        Args:
+            answer: Any integer.
+        """
+        self.finish(1.0, True)
+        return "ok"
+
+    def _on_text(self, text: str) -> StepResult:
+        if text.startswith("sleep "):
+            time.sleep(float(text.split()[1]))
+            return StepResult([{"role": "user", "content": "slept"}])
+        if text == "crash":
+            raise RuntimeError("boom at /very/secret/path")
+        return super()._on_text(text)
+
+    def expert_action(self) -> str:
+        return '<tool_call>{"name": "done", "arguments": {"answer": 1}}</tool_call>'
+
+
+agentgym.register_env("agentgym/ServeTest-v0", ServeTestEnv, family="test", max_episode_steps=20)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up within {timeout_s} s")
+
+
+class ServeProcess:
+    """``agentgym serve`` in a subprocess (so a test can kill it)."""
+
+    def __init__(self, env_ids: Sequence[str], *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(VENV_BIN / "agentgym"), "serve", *env_ids, "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            wait_healthy(self.url, self.proc)
+        except Exception:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def serve_process() -> Iterator[type[ServeProcess]]:
+    started: list[ServeProcess] = []
+
+    class Tracked(ServeProcess):
+        def __init__(self, env_ids: Sequence[str], *args: str) -> None:
+            super().__init__(env_ids, *args)
+            started.append(self)
+
+    yield Tracked
+    for p in started:
+        p.kill()
+
+
+@pytest.fixture(scope="module")
+def demo_server() -> Iterator[EnvServer]:
+    with EnvServer(["agentgym/Demo-v0", "agentgym/ServeTest-v0"]) as srv:
+        yield srv
+
+
+class OpenEnvServer:
+    """OpenEnv envs served by openenv-core's own create_app (openenv_apps.py), started in the
+    background; ``url`` waits until it answers."""
+
+    def __init__(self, out: Path) -> None:
+        self.port = free_port()
+        self.out = out
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "openenv_apps.py"), str(self.port), str(out)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self._up = False
+
+    @property
+    def url(self) -> str:
+        url = f"http://127.0.0.1:{self.port}"
+        if not self._up:
+            wait_healthy(url + "/echo", self.proc, timeout_s=180)
+            assert (self.out / "echo_env" / "server" / "echo_env_environment.py").exists()  # made by `openenv init`
+            self._up = True
+        return url
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def openenv_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenEnvServer]:
+    if importlib.util.find_spec("openenv") is None:
+        pytest.skip("needs openenv-core (pip install agentgym[openenv])")
+    srv = OpenEnvServer(tmp_path_factory.mktemp("openenv"))
+    try:
+        yield srv
+    finally:
+        srv.stop()

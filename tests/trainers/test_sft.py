@@ -1,0 +1,113 @@
+"""SFT samples from transcripts: the student's template, assistant-only masks, DAgger branches; collect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentgym.trainers.sft import sft_samples, transcript_samples
+
+from agentgym.errors import TrainingDataError
+from agentgym.types import Trajectory
+
+HERE = Path(__file__).resolve().parent
+
+
+def _transcript(actions: list[str], labels: list[str] | None = None) -> Trajectory:
+    msgs: list[Any] = [{"role": "user", "content": "key[owl]"}]
+    for i, a in enumerate(actions):
+        msgs += [{"role": "assistant", "content": a}, {"role": "tool", "content": f"value[red]{i}"}]
+    t = Trajectory("owl-red", "agentgym/TinyLookup-v0", messages=msgs, reward=1.0, success=True)
+    if labels is not None:
+        t.info["labels"] = labels
+    return t
+
+
+def _masked_text(tok: Any, ids: list[int], mask: list[int]) -> str:
+    return tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+
+
+def test_plain_transcript_trains_only_assistant_tokens(tiny_tokenizer: Any) -> None:
+    tok = tiny_tokenizer
+    [s] = transcript_samples(_transcript(["lookup[]", "answer[red]"]), tok)
+    assert _masked_text(tok, s.token_ids, s.loss_mask) == "lookup[]<|im_end|>answer[red]<|im_end|>"
+    # the sequence is exactly the rendered conversation (what a token-in/token-out rollout sees)
+    full = tok.apply_chat_template(_transcript(["lookup[]", "answer[red]"]).messages[:-1], tokenize=False)
+    assert tok.decode(s.token_ids) == full
+    assert s.logprobs is None and s.advantage == 1.0
+
+
+def test_relabelled_transcript_branches_at_mistakes(tiny_tokenizer: Any) -> None:
+    tok = tiny_tokenizer
+    # the actor's second move was wrong; the expert would have answered
+    t = _transcript(["lookup[]", "lookup[]", "answer[red]"], labels=["lookup[]", "answer[red]", "answer[red]"])
+    main, branch = transcript_samples(t, tok)
+    # main sequence: the wrong move stays in the context with mask 0
+    assert _masked_text(tok, main.token_ids, main.loss_mask) == "lookup[]<|im_end|>answer[red]<|im_end|>"
+    assert tok.decode(main.token_ids).count("lookup[]") == 2
+    # branch: context up to the mistake, then the expert's label (the recovery) is trained
+    assert _masked_text(tok, branch.token_ids, branch.loss_mask) == "answer[red]<|im_end|>"
+    assert tok.decode(branch.token_ids).endswith("value[red]0<|im_end|>\n<|im_start|>assistant\nanswer[red]<|im_end|>\n")
+    samples, counts = sft_samples([t, _transcript(["lookup[]"])], tok)
+    assert counts["relabelled_turns"] == 1 and counts["samples"] == 3
+    with pytest.raises(TrainingDataError, match="labels"):
+        transcript_samples(_transcript(["lookup[]"], labels=[]), tok)
+
+
+def test_filters(tiny_tokenizer: Any) -> None:
+    bad = _transcript(["lookup[]"])
+    bad.success = False
+    lost = _transcript(["lookup[]"])
+    lost.error = "EnvError: x"
+    samples, counts = sft_samples([bad, lost, _transcript(["answer[red]"])], tiny_tokenizer, only_success=True,
+                                  max_len=10_000)
+    assert counts["failed_skipped"] == 1 and counts["error_skipped"] == 1 and len(samples) == 1
+    _, counts = sft_samples([_transcript(["answer[red]"])], tiny_tokenizer, max_len=5)
+    assert counts["too_long_skipped"] == 1
+
+
+def test_collect_workflow_relabels_random_moves() -> None:
+    import tiny_lookup  # noqa: F401  (registers the env)
+    from agentgym.policies.scripted import ExpertPolicy
+
+    from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
+    from agentgym.rollout.collect import CollectWorkflow
+
+    async def run() -> list[Any]:
+        rt = RolloutRuntime(4)
+        wf = CollectWorkflow(ExpertPolicy(), 4, labeler=ExpertPolicy(), random_prob=1.0,
+                             limits=RolloutLimits(max_turns=3))
+        groups = await RolloutEngine(rt).run(wf, [GroupRequest("agentgym/TinyLookup-v0", "owl-red", seed=0)])
+        rt.close()
+        return groups
+
+    [g] = asyncio.run(run())
+    for t in g:
+        # TinyLookup has no admissible_actions(): the expert acts, every state is labelled
+        assert t.success and t.info["labels"] == ["lookup[]", "answer[red]"]
+        assert t.info["acting"] == ["policy", "policy"] and t.info["tools"]
+
+
+def test_collect_cli_writes_transcripts(tmp_path: Path) -> None:
+    out = tmp_path / "demo.jsonl"
+    res = subprocess.run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/ALFWorld-v0", "--policy",
+                          "expert", "--relabel", "--random-prob", "0.3", "--tasks", "3", "--max-turns", "40",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["episodes"] == 3 and summary["random_steps"] > 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for r in rows:
+        n_asst = sum(1 for m in r["messages"] if m["role"] == "assistant")
+        assert len(r["info"]["labels"]) == n_asst == len(r["info"]["acting"])
+        taken = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        for lab, act, src in zip(r["info"]["labels"], taken, r["info"]["acting"], strict=True):
+            assert (src == "random") == (lab != act) or src == "random"
+    bad = subprocess.run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/Nope-v0", "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "No env registered" in bad.stderr

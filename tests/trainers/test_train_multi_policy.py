@@ -1,0 +1,121 @@
+"""Two policies trained at once: each has its own optimizer and sees only its own tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from agentgym.trainers.batching import TrainSample
+from agentgym.trainers.config import OptimConfig, validate_config
+from agentgym.trainers.model import add_lora, load_causal_lm
+from agentgym.trainers.trainer import PolicyTrainer
+
+
+def _samples(tok: Any, pid: str, answer: str) -> list[TrainSample]:
+    head = tok("<|im_start|>user\nkey[owl]<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    body = tok(f"answer[{answer}]<|im_end|>", add_special_tokens=False)["input_ids"]
+    return [TrainSample(pid, head + body, [0] * len(head) + [1] * len(body), adv) for adv in (1.0, -0.5)]
+
+
+def _snapshot(model: Any, needle: str) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if needle in n}
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _shared(tiny_model: str) -> tuple[Any, PolicyTrainer, PolicyTrainer]:
+    torch.manual_seed(0)
+    model = load_causal_lm(tiny_model)
+    for pid in ("solver", "verifier"):
+        model = add_lora(model, pid, rank=4, alpha=8, dropout=0.0, targets="all-linear")
+    a = PolicyTrainer("solver", model, optim=OptimConfig(lr=1e-2), adapter="solver")
+    b = PolicyTrainer("verifier", model, optim=OptimConfig(lr=1e-2), adapter="verifier")
+    return model, a, b
+
+
+def test_two_lora_adapters_over_one_base_are_isolated(tiny_model: str, tiny_tokenizer: Any) -> None:
+    model, a, b = _shared(tiny_model)
+    assert {id(p) for _, p in a.params}.isdisjoint({id(p) for _, p in b.params})
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    b_before, a_before = _snapshot(model, ".verifier."), _snapshot(model, ".solver.")
+    # A's batch also contains B's samples: A must train on its own tokens only
+    mixed = _samples(tiny_tokenizer, "solver", "red") + _samples(tiny_tokenizer, "verifier", "tan")
+    m = a.train_on(mixed)
+    assert m["sequences"] == 2 and m["optimizer_steps"] == 1
+    assert _equal(_snapshot(model, ".verifier."), b_before)  # B untouched
+    assert not _equal(_snapshot(model, ".solver."), a_before)  # A moved
+    assert _equal({n: p.detach() for n, p in model.named_parameters() if "lora_" not in n}, base)  # base frozen
+    assert b.optimizer.state == {} or all(not s for s in b.optimizer.state.values())
+    # the same step on A's samples alone gives exactly the same weights: B's tokens had no effect
+    model2, a2, _ = _shared(tiny_model)
+    a2.train_on(_samples(tiny_tokenizer, "solver", "red"))
+    assert _equal(_snapshot(model2, ".solver."), _snapshot(model, ".solver."))
+    # and B's step leaves A alone
+    a_after = _snapshot(model, ".solver.")
+    b.train_on(mixed)
+    assert _equal(_snapshot(model, ".solver."), a_after)
+    assert not _equal(_snapshot(model, ".verifier."), b_before)
+
+
+def test_two_separate_models_are_isolated(tiny_model: str, tiny_tokenizer: Any) -> None:
+    ma, mb = load_causal_lm(tiny_model), load_causal_lm(tiny_model)
+    a = PolicyTrainer("solver", ma, optim=OptimConfig(lr=1e-2))
+    b = PolicyTrainer("verifier", mb, optim=OptimConfig(lr=1e-2))
+    b_before = _snapshot(mb, "")
+    a.train_on(_samples(tiny_tokenizer, "solver", "red") + _samples(tiny_tokenizer, "verifier", "tan"))
+    assert _equal(_snapshot(mb, ""), b_before)
+    assert b.steps == 0 and a.steps == 1
+
+
+def test_solver_verifier_recipe_trains_both(tiny_model: str, tmp_path: Path) -> None:
+    """The whole path: rollouts of two HF policies on one workflow, per-policy samples and rewards,
+    two adapters over one base, both published with the same version."""
+    import tiny_lookup  # noqa: F401
+    from agentgym.trainers.recipe import Recipe
+
+    cfg = validate_config({
+        "run": {"out_dir": str(tmp_path / "run"), "steps": 2, "seed": 0, "checkpoint_every": 1},
+        "model": {"path": tiny_model, "finetune": "lora", "lora_rank": 4},
+        "multi": {"workflow": "solver_verifier", "shared_base": True, "verifier_max_tokens": 6},
+        "rollout": {"env": "agentgym/TinyLookup-v0", "group_size": 4, "groups_per_step": 2, "max_tokens": 8,
+                    "max_turns": 2},
+        "filter": {"dynamic_sampling": False},
+        "optim": {"lr": 1e-2},
+        "eval": {"before": False, "after": False},
+        "log": {"progress": False, "plot": False},
+    })
+    steps: list[dict[str, Any]] = []
+    r = Recipe(cfg, on_step=steps.append)
+    try:
+        r.setup()
+        asyncio.run(r._train())
+        assert r.rollout_policies["solver"].weight_version == r.rollout_policies["verifier"].weight_version == r.version
+    finally:
+        r.cleanup()
+    assert len(steps) == 2
+    for rec in steps:
+        assert rec["solver/rollout/episodes"] == rec["verifier/rollout/episodes"] == 8
+        assert "solver/train/optimizer_steps" in rec and "verifier/train/optimizer_steps" in rec
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1]
+    assert (tmp_path / "run" / "final" / "solver" / "adapter").is_dir()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_multi_config_builds(tiny_model: str, tmp_path: Path, shared: bool) -> None:
+    from agentgym.trainers.recipe import Recipe
+
+    cfg = validate_config({"run": {"out_dir": str(tmp_path)}, "model": {"path": tiny_model, "finetune": "lora"},
+                           "multi": {"workflow": "solver_verifier", "shared_base": shared},
+                           "eval": {"before": False, "after": False}})
+    r = Recipe(cfg)
+    r._build_trainers()
+    a, b = r.trainers["solver"], r.trainers["verifier"]
+    assert (a.model is b.model) == shared
+    assert a.optimizer is not b.optimizer

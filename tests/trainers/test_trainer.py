@@ -1,0 +1,143 @@
+"""PolicyTrainer, publishing, checkpoints and faults, on the tiny model (CPU, seconds)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from agentgym.trainers.batching import TrainSample
+from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentgym.trainers.config import LossConfig, OptimConfig
+from agentgym.trainers.model import add_lora, load_causal_lm
+from agentgym.trainers.publish import WeightPublisher, trainable_state
+from agentgym.trainers.trainer import PolicyTrainer
+
+from agentgym.errors import TrainingDiverged, WeightSyncError
+
+
+def _samples(tok: Any, pid: str = "policy", n: int = 4) -> list[TrainSample]:
+    out = []
+    for i in range(n):
+        text = f"<|im_start|>user\nkey[owl]<|im_end|>\n<|im_start|>assistant\nanswer[{['red', 'tan'][i % 2]}]<|im_end|>"
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        k = len(tok("<|im_start|>user\nkey[owl]<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+        out.append(TrainSample(pid, ids, [0] * k + [1] * (len(ids) - k), 1.0 if i % 2 == 0 else -1.0,
+                               [0.0] * k + [-1.5] * (len(ids) - k)))
+    return out
+
+
+def _params(model: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_a_step_changes_weights_and_reports_metrics(tiny_model: str, tiny_tokenizer: Any) -> None:
+    model = load_causal_lm(tiny_model)
+    before = _params(model)
+    tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-2, token_budget=64), loss=LossConfig(tis_cap=2.0))
+    m = tr.train_on(_samples(tiny_tokenizer))
+    assert m["optimizer_steps"] == 1 and m["micro_batches"] >= 2  # 4 x ~20 tokens under a 64-token budget
+    assert 0 < m["padding_efficiency"] <= 1 and m["trained_tokens"] > 0
+    for k in ("loss", "grad_norm", "entropy", "ratio", "clip_frac", "tis_weight", "behaviour_logp_abs_diff"):
+        assert m[k] is not None, k
+    assert m["ratio"] == pytest.approx(1.0)  # one epoch: ratio against itself
+    assert any(not torch.equal(before[n], p) for n, p in _params(model).items())
+    # samples of another policy, or with nothing to train, are not a step
+    assert tr.train_on(_samples(tiny_tokenizer, pid="other"))["optimizer_steps"] == 0
+    assert tr.train_on([])["optimizer_steps"] == 0
+
+
+def test_micro_batching_equals_one_big_batch(tiny_model: str, tiny_tokenizer: Any) -> None:
+    grads = []
+    for budget in (10_000, 32):
+        model = load_causal_lm(tiny_model)
+        tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=0.0, token_budget=budget, grad_clip=None))
+        tr.train_on(_samples(tiny_tokenizer))
+        grads.append(torch.cat([p.grad.reshape(-1) for _, p in tr.params if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tiny_model: str, tiny_tokenizer: Any,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    model = load_causal_lm(tiny_model)
+    tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-2, max_bad_steps=2))
+    before = _params(model)
+    bad = _samples(tiny_tokenizer)
+    for s in bad:
+        s.advantage = float("nan")
+    with caplog.at_level(logging.WARNING):
+        m = tr.train_on(bad)
+    assert m["optimizer_steps"] == 0 and m["skipped_steps"] == 1 and tr.skipped_steps == 1
+    assert "non-finite" in caplog.text
+    assert all(torch.equal(before[n], p) for n, p in _params(model).items())  # weights untouched
+    tr.train_on(_samples(tiny_tokenizer))  # a good step resets the streak
+    assert tr.bad_in_a_row == 0
+    tr.train_on(bad)
+    with pytest.raises(TrainingDiverged, match="2 optimizer steps in a row"):
+        tr.train_on(bad)
+
+
+def test_full_publish_full_then_delta(tiny_model: str, tiny_tokenizer: Any) -> None:
+    from agentgym.policies.hf import HFPolicy
+
+    model = load_causal_lm(tiny_model)
+    pol = HFPolicy(tiny_model, dtype="bfloat16")
+    tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-5))  # a small step, as in LLM fine-tuning
+    pub = WeightPublisher(model, None, dtype=torch.bfloat16, mode="auto")
+    first = pub.publish([pol], 1)
+    assert first["kind"] == "full" and first["bytes"] == first["full_bytes"]
+    tr.train_on(_samples(tiny_tokenizer))
+    second = pub.publish([pol], 2)
+    # one small step changes few bf16 elements: the sparse delta is sent, and it is smaller
+    assert second["kind"] == "delta" and 0 < second["bytes"] < second["full_bytes"]
+    assert second["changed_elements"] < second["total_elements"]
+    served = pol.model.state_dict()
+    for name, t in trainable_state(model).items():
+        assert torch.equal(served[name], t.to(torch.bfloat16)), name
+    with pytest.raises(WeightSyncError):
+        pub.publish([pol], 2)  # versions strictly increase
+
+
+def test_lora_publishes_merged_adapted_modules_only(tiny_model: str, tiny_tokenizer: Any) -> None:
+    from agentgym.policies.hf import HFPolicy
+
+    model = add_lora(load_causal_lm(tiny_model), "policy", rank=4, alpha=8, dropout=0.0, targets=["q_proj", "v_proj"])
+    tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-2), adapter="policy")
+    assert all("lora_" in n for n, _ in tr.params)
+    tr.train_on(_samples(tiny_tokenizer))
+    pol = HFPolicy(tiny_model, dtype="float32")
+    pub = WeightPublisher(model, "policy", dtype=torch.float32, mode="full")
+    info = pub.publish([pol], 1)
+    assert info["tensors"] == 4  # q_proj and v_proj of 2 layers
+    merged = trainable_state(model, "policy")
+    assert set(merged) == {f"model.layers.{i}.self_attn.{m}.weight" for i in (0, 1) for m in ("q_proj", "v_proj")}
+    served = pol.model.state_dict()
+    for name, t in merged.items():
+        assert torch.equal(served[name], t)
+    # the merged weights are what the adapted model computes
+    x = torch.tensor([tiny_tokenizer("key[owl]", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(x).logits, pol.model(x).logits, atol=1e-5)
+
+
+def test_checkpoint_roundtrip(tiny_model: str, tiny_tokenizer: Any, tmp_path: Any) -> None:
+    model = load_causal_lm(tiny_model)
+    tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-2))
+    tr.train_on(_samples(tiny_tokenizer))
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, {"policy": tr}, {"version": step}, keep=2)
+    ck = latest_checkpoint(tmp_path)
+    assert ck is not None and ck.name == "step-000003"
+    assert len(list((tmp_path / "checkpoints").glob("step-*"))) == 2
+    tr.train_on(_samples(tiny_tokenizer))  # move away, then restore
+    model2 = load_causal_lm(tiny_model)
+    tr2 = PolicyTrainer("policy", model2, optim=OptimConfig(lr=1e-2))
+    state = load_checkpoint(ck, {"policy": tr2})
+    assert state["step"] == 3 and state["version"] == 3 and tr2.steps == 1
+    tr3 = PolicyTrainer("policy", load_causal_lm(tiny_model), optim=OptimConfig(lr=1e-2))
+    load_checkpoint(ck, {"policy": tr3})
+    # identical state -> identical next step
+    m2, m3 = tr2.train_on(_samples(tiny_tokenizer)), tr3.train_on(_samples(tiny_tokenizer))
+    assert m2["loss"] == pytest.approx(m3["loss"])
+    assert all(torch.equal(a, b) for a, b in zip(_params(tr2.model).values(), _params(tr3.model).values(), strict=True))

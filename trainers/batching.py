@@ -1,0 +1,245 @@
+"""From trajectory groups to padded micro-batches.
+
+:func:`samples_from_groups` turns the rollout engine's :class:`~agentgym.types.TrajectoryGroup` list
+into :class:`TrainSample` s for one policy: one sample per training segment (policy, session) of
+each episode, carrying the segment's loss mask and the episode's advantage. What is kept out of the
+loss, and why, is counted in :class:`BatchStats`:
+
+* early-stopped groups (a gate cut them short: their rewards say nothing about the policy);
+* episodes that ended with an error (a lost episode, not a bad action);
+* zero-advantage samples (all rewards equal: no signal);
+* tokens the policy did not generate (prompt, env, tool and other policies' tokens: mask 0);
+* optionally truncated episodes (all-zero mask; they still count in their group's baseline).
+
+:func:`pack_micro_batches` sorts samples by length and packs them under a token budget, so padding
+is only ever to the longest sequence of one micro-batch; :func:`collate` pads one micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentgym.types import TrajectoryGroup
+
+from .advantages import Estimator, group_advantages, overlong_penalty
+
+__all__ = ["BatchStats", "MicroBatch", "TrainSample", "collate", "pack_micro_batches", "samples_from_groups"]
+
+
+@dataclass
+class TrainSample:
+    """One training sequence.
+
+    Attributes:
+        token_ids: ``[L]`` the exact ids the policy's model saw.
+        loss_mask: ``[L]`` 1 on tokens to train on (tokens this policy generated).
+        advantage: The episode's advantage, applied to every masked token (1.0 for SFT).
+        logprobs: ``[L]`` behaviour logprobs (0 off the mask), or ``None``.
+        versions: ``[L]`` weight version of each generated token (-1 elsewhere), or empty.
+    """
+
+    policy_id: str
+    token_ids: list[int]
+    loss_mask: list[int]
+    advantage: float = 1.0
+    logprobs: list[float] | None = None
+    versions: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    group_id: str = ""
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_masked(self) -> int:
+        """Trained tokens (mask on positions >= 1: token 0 is never a target)."""
+        return sum(self.loss_mask[1:])
+
+
+@dataclass
+class BatchStats:
+    """What went into a batch and what was left out (for logs)."""
+
+    groups: int = 0
+    early_stopped_groups: int = 0
+    zero_variance_groups: int = 0
+    episodes: int = 0
+    error_episodes: int = 0
+    truncated_episodes: int = 0
+    zero_advantage_samples: int = 0
+    samples: int = 0
+    trained_tokens: int = 0
+    rewards: list[float] = field(default_factory=list)
+    successes: list[bool] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    generated_tokens: list[int] = field(default_factory=list)
+
+    def to_metrics(self) -> dict[str, Any]:
+        def mean(xs: Sequence[float]) -> float | None:
+            return float(sum(xs) / len(xs)) if xs else None
+
+        return {
+            "groups": self.groups, "early_stopped_groups": self.early_stopped_groups,
+            "zero_variance_groups": self.zero_variance_groups, "episodes": self.episodes,
+            "error_episodes": self.error_episodes, "truncated_episodes": self.truncated_episodes,
+            "samples": self.samples, "trained_tokens": self.trained_tokens,
+            "reward_mean": mean(self.rewards), "success_rate": mean([float(s) for s in self.successes]),
+            "adv_mean": mean(self.advantages), "adv_abs_mean": mean([abs(a) for a in self.advantages]),
+            "adv_max": max(self.advantages) if self.advantages else None,
+            "adv_min": min(self.advantages) if self.advantages else None,
+            "gen_tokens_mean": mean([float(t) for t in self.generated_tokens]),
+        }
+
+
+def samples_from_groups(groups: Sequence[TrajectoryGroup], policy_id: str, *, estimator: Estimator = "grpo",
+                        eps: float = 1e-6, mask_truncated: bool = False, overlong_max_tokens: int | None = None,
+                        overlong_buffer: int = 0, overlong_penalty_value: float = 1.0,
+                        keep_zero_advantage: bool = False) -> tuple[list[TrainSample], BatchStats]:
+    """Training samples of ``policy_id`` from finished groups (see the module docstring).
+
+    Raises:
+        TrainingDataError: a trajectory's token bookkeeping is inconsistent.
+    """
+    stats = BatchStats()
+    out: list[TrainSample] = []
+    for g in groups:
+        stats.groups += 1
+        if g.early_stopped or any(t.early_stopped for t in g.trajectories):
+            stats.early_stopped_groups += 1
+            continue
+        members = [t for t in g.trajectories if policy_id in t.policy_ids or not t.turns]
+        ok = [t for t in members if t.error is None]
+        stats.episodes += len(members)
+        stats.error_episodes += len(members) - len(ok)
+        if not ok:
+            continue
+        rewards = []
+        for t in ok:
+            r = t.reward_for(policy_id)
+            gen = sum(len(x.completion_token_ids) for x in t.turns if x.policy_id == policy_id)
+            if overlong_max_tokens is not None:
+                r += overlong_penalty(gen, overlong_max_tokens, overlong_buffer, overlong_penalty_value)
+            rewards.append(r)
+            stats.generated_tokens.append(gen)
+        stats.rewards += rewards
+        stats.successes += [t.success for t in ok]
+        adv = group_advantages(rewards, estimator, eps).tolist()  # [G']
+        if max(rewards) - min(rewards) <= 1e-9:
+            stats.zero_variance_groups += 1
+        for t, a, r in zip(ok, adv, rewards, strict=True):
+            stats.truncated_episodes += int(t.truncated)
+            stats.advantages.append(a)
+            for seg in t.segments(policy_id, zero_truncated=mask_truncated):
+                s = TrainSample(policy_id, seg.token_ids, seg.loss_mask, a, seg.logprobs, seg.versions,
+                                reward=r, group_id=g.group_id)
+                if s.num_masked == 0:
+                    continue
+                if abs(a) < 1e-12 and not keep_zero_advantage:
+                    stats.zero_advantage_samples += 1
+                    continue
+                out.append(s)
+    stats.samples = len(out)
+    stats.trained_tokens = sum(s.num_masked for s in out)
+    return out, stats
+
+
+@dataclass
+class MicroBatch:
+    """One padded micro-batch (right padding).
+
+    Attributes:
+        input_ids: ``[B, W]`` token ids (pad: 0).
+        attention_mask: ``[B, W]`` 1 on real tokens.
+        target_mask: ``[B, W-1]`` float, 1 where position t's target (token t+1) is trained.
+        advantages: ``[B, 1]``.
+        behaviour_logp: ``[B, W-1]`` behaviour logprob of token t+1, or ``None`` if any sample has none.
+        weights: ``[B, W-1]`` aggregation weight per target (0 off the mask).
+        index: Positions of these samples in the list given to :func:`pack_micro_batches`.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target_mask: torch.Tensor
+    advantages: torch.Tensor
+    behaviour_logp: torch.Tensor | None
+    weights: torch.Tensor
+    index: list[int]
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device: str | torch.device) -> MicroBatch:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.target_mask.to(device),
+                          self.advantages.to(device), mv(self.behaviour_logp), self.weights.to(device), self.index)
+
+
+def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group sample indices into micro-batches of at most ``token_budget`` padded tokens.
+
+    Samples are sorted by length (longest first) and packed greedily; a micro-batch's cost is
+    ``len(batch) * longest``. A sample longer than the budget gets a micro-batch of its own (it is
+    never truncated).
+
+    Returns:
+        Lists of indices into ``lengths``.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
+    for i in order:
+        n = lengths[i]
+        w = max(width, n)
+        if cur and w * (len(cur) + 1) > token_budget:
+            batches.append(cur)
+            cur, width = [], 0
+            w = n
+        cur.append(i)
+        width = w
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def collate(samples: Sequence[TrainSample], index: list[int], weights: Sequence[float]) -> MicroBatch:
+    """Pad ``samples[index]`` to their longest length.
+
+    Args:
+        samples: All samples of the batch.
+        index: Which ones go in this micro-batch.
+        weights: ``[len(samples)]`` per-token aggregation weight of each sample
+            (:func:`~agentgym.trainers.losses.aggregation_weights`).
+    """
+    rows = [samples[i] for i in index]
+    width = max(len(s) for s in rows)
+    b = len(rows)
+    ids = torch.zeros((b, width), dtype=torch.long)
+    att = torch.zeros((b, width), dtype=torch.long)
+    tmask = torch.zeros((b, width - 1), dtype=torch.float32)
+    w = torch.zeros((b, width - 1), dtype=torch.float32)
+    adv = torch.zeros((b, 1), dtype=torch.float32)
+    has_lp = all(s.logprobs is not None for s in rows)
+    blp = torch.zeros((b, width - 1), dtype=torch.float32) if has_lp else None
+    for r, (i, s) in enumerate(zip(index, rows, strict=True)):
+        n = len(s)
+        ids[r, :n] = torch.tensor(s.token_ids, dtype=torch.long)
+        att[r, :n] = 1
+        m = torch.tensor(s.loss_mask[1:], dtype=torch.float32)  # target t+1 of position t
+        tmask[r, : n - 1] = m
+        w[r, : n - 1] = m * float(weights[i])
+        adv[r, 0] = float(s.advantage)
+        if blp is not None and s.logprobs is not None:
+            blp[r, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
+    return MicroBatch(ids, att, tmask, adv, blp, w, list(index))

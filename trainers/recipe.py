@@ -1,0 +1,489 @@
+"""The training recipe: a readable, synchronous setup / train / cleanup.
+
+``algorithm = "grpo"``, one step::
+
+    groups   = roll out groups_per_step tasks x group_size episodes with the rollout engine
+               (DAPO dynamic sampling: drop zero-variance groups, roll more, up to max_refill_rounds)
+    samples  = samples_from_groups(groups, policy)     # segments, loss masks, advantages
+    metrics  = trainer.train_on(samples)               # micro-batches, accumulation, optimizer step
+    publish  = publisher.publish(rollout policies, version + 1)
+    log, checkpoint every run.checkpoint_every steps, evaluate every eval.every steps
+
+``algorithm = "sft"``, one step: a batch of transcript samples (``[data]``) -> ``train_on``.
+
+The trainer sees trajectories and samples, never envs; the recipe is where rollout and training
+meet (the next layer, the dataflow runtime, replaces this loop with services and buffers and keeps
+``PolicyTrainer.train_on`` and ``WeightPublisher.publish`` as they are).
+
+Outputs in ``run.out_dir``: ``config.json``, ``metrics.jsonl``, ``checkpoints/``, ``eval/<stage>/``
+(the same summary as ``agentgym eval``), ``curves.png``, ``final/`` (a model folder the next stage
+can load: ``model.path = "OUT/final"``) and ``result.json`` (before/after success and timings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import json
+import logging
+import math
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentgym.errors import ConfigurationError, TrainingDataError
+from agentgym.types import Trajectory, TrajectoryGroup
+
+from .batching import TrainSample, samples_from_groups
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .metrics import MetricsLogger, plot_curves
+from .model import add_lora, load_causal_lm
+from .publish import WeightPublisher
+from .sft import sft_samples
+from .trainer import PolicyTrainer
+
+__all__ = ["Recipe", "load_transcripts", "run_training"]
+
+log = logging.getLogger(__name__)
+_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_transcripts(paths: list[str]) -> list[Trajectory]:
+    """Trajectories from JSONL files (or folders holding ``trajectories.jsonl``)."""
+    from agentgym.rollout.jsonl import iter_jsonl
+
+    out: list[Trajectory] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            path = path / "trajectories.jsonl"
+        if not path.is_file():
+            raise ConfigurationError(f"data.paths: {p} does not exist (write it with agentgym collect --out {p})")
+        out += list(iter_jsonl(path))
+    if not out:
+        raise ConfigurationError(f"data.paths {paths} hold no trajectories")
+    return out
+
+
+class Recipe:
+    """One training run (see the module docstring).
+
+    Args:
+        cfg: The validated config.
+        env_factory: ``env_id -> env`` for the rollout runtime (default: the registry).
+        on_step: Called with each step's flat metrics (tests, notebooks).
+    """
+
+    def __init__(self, cfg: TrainConfig, *, env_factory: Callable[[str], Any] | None = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.run.out_dir)
+        self.env_factory = env_factory
+        self.on_step = on_step
+        self.trainers: dict[str, PolicyTrainer] = {}
+        self.publishers: dict[str, WeightPublisher] = {}
+        self.rollout_policies: dict[str, Any] = {}
+        self.version = 0
+        self.step = 0
+        self.stop_requested = False
+        self.result: dict[str, Any] = {}
+        self._runtime: Any = None
+        self._engine: Any = None
+        self._workflow: Any = None
+        self._pool: list[str] = []
+        self._sft: list[TrainSample] = []
+        self.logger: MetricsLogger | None = None
+
+    # ================================================================== setup
+    def setup(self) -> None:
+        """Seeds, models, trainers, rollout policies and the engine; resumes from a checkpoint."""
+        cfg = self.cfg
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed % (2**32))
+        torch.manual_seed(cfg.run.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        for mod in cfg.rollout.imports:
+            try:
+                importlib.import_module(mod)
+            except ImportError as e:
+                raise ConfigurationError(f"rollout.imports: cannot import {mod!r}: {e}") from e
+        from agentgym.policies.models import load_tokenizer, resolve_model
+
+        self.model_path = resolve_model(cfg.model.path)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self._build_trainers()
+        if cfg.run.algorithm == "sft":
+            trajs = load_transcripts(cfg.data.paths)
+            self._sft, counts = sft_samples(trajs, self.tokenizer, self._pids[0], only_success=cfg.data.only_success,
+                                            max_len=cfg.data.max_len)
+            if not self._sft:
+                raise TrainingDataError(f"no SFT samples from {cfg.data.paths}: {counts}")
+            self.result["sft_data"] = counts
+        needs_rollout = cfg.run.algorithm == "grpo" or cfg.eval.before or cfg.eval.after or cfg.eval.every
+        if needs_rollout:
+            self._build_rollout()
+        ck = latest_checkpoint(self.out) if cfg.run.resume else None
+        if ck is None:
+            self._fresh_start()
+        else:
+            state = load_checkpoint(ck, self.trainers)
+            self.step = int(state["step"])
+            self.version = int(state.get("version", 0))
+            self.result = dict(state.get("result", self.result))
+            log.info("resumed from %s (step %d, version %d)", ck, self.step, self.version)
+            if self.rollout_policies and self.version > 0:
+                self._publish(self.version)
+        self.logger = MetricsLogger(self.out, self.total_steps, tensorboard=cfg.log.tensorboard,
+                                    progress=cfg.log.progress, start_step=self.step)
+        if ck is not None:
+            self.logger.note(f"resumed from {ck} at step {self.step}")
+
+    def _fresh_start(self) -> None:
+        """A run that does not resume starts a new curve: drop the old run's metrics, evals and checkpoints."""
+        import shutil
+
+        for name in ("metrics.jsonl", "result.json", "curves.png"):
+            (self.out / name).unlink(missing_ok=True)
+        for name in ("eval", "checkpoints", "tensorboard"):
+            shutil.rmtree(self.out / name, ignore_errors=True)
+
+    @property
+    def _pids(self) -> list[str]:
+        return ["solver", "verifier"] if self.cfg.multi.workflow == "solver_verifier" else ["policy"]
+
+    @property
+    def total_steps(self) -> int:
+        cfg = self.cfg
+        if cfg.run.algorithm == "sft" and cfg.run.steps == 0:
+            per_epoch = math.ceil(len(self._sft) / cfg.data.batch_size) if self._sft else 1
+            return per_epoch * cfg.data.epochs
+        return cfg.run.steps
+
+    def _build_trainers(self) -> None:
+        cfg, m = self.cfg, self.cfg.model
+        pids = self._pids
+        lora = m.finetune == "lora"
+        lkw: dict[str, Any] = {"rank": m.lora_rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout,
+                               "targets": m.lora_targets}
+        models: dict[str, Any] = {}
+        if cfg.multi.workflow != "none" and cfg.multi.shared_base:
+            shared = load_causal_lm(cfg.model.path, m.dtype, m.device, m.gradient_checkpointing)
+            for pid in pids:
+                shared = add_lora(shared, pid, **lkw)
+            models = dict.fromkeys(pids, shared)
+        else:
+            for pid in pids:
+                path = cfg.multi.verifier_path if pid == "verifier" and cfg.multi.verifier_path else cfg.model.path
+                base = load_causal_lm(path, m.dtype, m.device, m.gradient_checkpointing)
+                models[pid] = add_lora(base, pid, **lkw) if lora else base
+        rdt = _DT[cfg.rollout.rollout_dtype or ("bfloat16" if cfg.rollout.backend == "vllm" else m.dtype)]
+        for pid in pids:
+            ref = None
+            if cfg.loss.kl_coef > 0 and not lora:
+                ref = copy.deepcopy(models[pid]).eval()
+                for p in ref.parameters():
+                    p.requires_grad_(False)
+            self.trainers[pid] = PolicyTrainer(pid, models[pid], algorithm=cfg.run.algorithm, optim=cfg.optim,
+                                               loss=cfg.loss, adapter=pid if lora else None, ref_model=ref,
+                                               total_steps=cfg.run.steps, seed=cfg.run.seed)
+            self.publishers[pid] = WeightPublisher(models[pid], pid if lora else None, dtype=rdt, mode="auto")
+
+    def _make_policy(self, pid: str, path: str) -> Any:
+        r = self.cfg.rollout
+        if r.backend == "vllm":
+            from agentgym.policies.vllm import VLLMPolicy
+
+            kw = {"max_model_len": r.max_total_tokens or 4096, "max_num_seqs": max(8, r.concurrency), "kv_cache_gib": 2,
+                  **r.vllm_kwargs}
+            return VLLMPolicy(path, policy_id=pid, dtype=r.rollout_dtype or "bfloat16", seed=self.cfg.run.seed, **kw)
+        from agentgym.policies.hf import HFPolicy
+
+        return HFPolicy(path, policy_id=pid, dtype=r.rollout_dtype or self.cfg.model.dtype, device=self.cfg.model.device,
+                        max_batch_size=max(1, r.concurrency), timeout_s=r.policy_timeout_s,
+                        context_length=r.max_total_tokens)
+
+    def _build_rollout(self) -> None:
+        from agentgym.policy import SamplingParams
+        from agentgym.rollout import (
+            MultiTurnWorkflow,
+            RolloutEngine,
+            RolloutLimits,
+            RolloutRuntime,
+            micro_batch,
+        )
+        from agentgym.rollout.multi_policy import SolverVerifierWorkflow
+
+        cfg, r = self.cfg, self.cfg.rollout
+        for pid in self._pids:
+            path = cfg.multi.verifier_path if pid == "verifier" and cfg.multi.verifier_path else cfg.model.path
+            self.rollout_policies[pid] = self._make_policy(pid, path)
+        self._runtime = RolloutRuntime(max_concurrency=r.concurrency, env_factory=self.env_factory or self._make_env)
+        self._engine = RolloutEngine(self._runtime)
+        sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
+        limits = RolloutLimits(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
+                               policy_timeout_s=r.policy_timeout_s)
+
+        def wrap(p: Any) -> Any:
+            return micro_batch(p, max_batch=r.concurrency, runtime=self._runtime) if r.backend == "hf" else p
+
+        if cfg.multi.workflow == "solver_verifier":
+            self._workflow = SolverVerifierWorkflow(
+                wrap(self.rollout_policies["solver"]), wrap(self.rollout_policies["verifier"]), r.group_size,
+                sampling=sampling, verifier_sampling=SamplingParams(temperature=r.temperature,
+                                                                    max_tokens=cfg.multi.verifier_max_tokens),
+                limits=limits)
+        else:
+            self._workflow = MultiTurnWorkflow(wrap(self.rollout_policies["policy"]), r.group_size, sampling=sampling,
+                                               limits=limits)
+
+    def _make_env(self, env_id: str) -> Any:
+        from agentgym.registration import make
+
+        return make(env_id, **self.cfg.rollout.env_kwargs)
+
+    async def _task_pool(self) -> list[str]:
+        if self._pool:
+            return self._pool
+        from agentgym.eval.runner import select_tasks
+
+        r = self.cfg.rollout
+        async with self._runtime.env(r.env) as env:
+            try:
+                tasks_fn = env.get_wrapper_attr("tasks")
+            except AttributeError:
+                raise ConfigurationError(f"{r.env} has no tasks(); it cannot be trained on") from None
+            pool = list(await self._runtime.call(tasks_fn, r.split))
+        if not pool:
+            raise ConfigurationError(f"{r.env} split {r.split!r} has no tasks")
+        self._pool = [t.task_id for t in select_tasks(pool, r.tasks)]
+        return self._pool
+
+    # ================================================================== train
+    def train(self) -> dict[str, Any]:
+        """Run to ``run.steps`` (Ctrl-C stops after the current step and leaves a checkpoint)."""
+        old = None
+        try:
+            old = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread
+            old = None
+        try:
+            return asyncio.run(self._train())
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        if self.logger is not None:
+            self.logger.note("interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
+
+    async def _train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        assert self.logger is not None
+        t_run = time.monotonic()
+        if cfg.eval.before and self.step == 0 and "before" not in self.result:
+            self.result["before"] = await self._evaluate("before")
+            self.logger.log(0, {"eval": {"success": self.result["before"]["success"]}})
+        while self.step < self.total_steps and not self.stop_requested:
+            rec = await (self._sft_step() if cfg.run.algorithm == "sft" else self._rl_step())
+            self.step += 1
+            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < self.total_steps:
+                ev = await self._evaluate(f"step-{self.step:06d}")
+                rec["eval"] = {"success": ev["success"]}
+            rec["elapsed_s"] = time.monotonic() - t_run
+            flat = self.logger.log(self.step - 1, rec) if (self.step - 1) % cfg.log.log_every == 0 else rec
+            if self.on_step is not None:
+                self.on_step(flat)
+            if self.step % cfg.run.checkpoint_every == 0 or self.step == self.total_steps or self.stop_requested:
+                self._checkpoint()
+        if self.stop_requested:
+            self.result["interrupted_at_step"] = self.step
+            return self.result
+        if cfg.eval.after:
+            self.result["after"] = await self._evaluate("after")
+            self.logger.log(self.total_steps, {"eval": {"success": self.result["after"]["success"]}})
+        self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
+        self.result["steps"] = self.step
+        self._checkpoint()
+        self._save_final()
+        return self.result
+
+    async def _rl_step(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        groups, filt = await self._collect(self.step)
+        t1 = time.monotonic()
+        rec: dict[str, Any] = {"filter": filt}
+        any_update = False
+        per: dict[str, Any] = {}
+        for pid, tr in self.trainers.items():
+            f = self.cfg.filter
+            samples, stats = samples_from_groups(groups, pid, estimator=self.cfg.advantage.estimator,
+                                                 eps=self.cfg.advantage.eps, mask_truncated=f.mask_truncated,
+                                                 overlong_max_tokens=f.overlong_max_tokens,
+                                                 overlong_buffer=f.overlong_buffer,
+                                                 overlong_penalty_value=f.overlong_penalty)
+            m = {"rollout": stats.to_metrics()}
+            if not samples:
+                assert self.logger is not None
+                self.logger.note(f"step {self.step}: every group was filtered for {pid} "
+                                 f"({filt['rolled_groups']} rolled, {filt['dropped_groups']} dropped by dynamic "
+                                 f"sampling; of {stats.groups} kept: {stats.zero_variance_groups} zero-variance, "
+                                 f"{stats.early_stopped_groups} early-stopped, {stats.error_episodes} lost episodes); "
+                                 "no optimizer step")
+                m["train"] = {"optimizer_steps": 0, "skipped": "all groups filtered"}
+            else:
+                m["train"] = tr.train_on(samples)
+                any_update = any_update or m["train"].get("optimizer_steps", 0) > 0
+            per[pid] = m
+        t2 = time.monotonic()
+        if any_update:
+            self.version += 1
+            rec["publish"] = self._publish(self.version)
+        t3 = time.monotonic()
+        if len(per) == 1:
+            rec.update(next(iter(per.values())))
+        else:
+            rec.update(per)
+        rec["version"] = self.version
+        rec["time"] = {"rollout_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2, "step_s": t3 - t0}
+        return rec
+
+    async def _collect(self, step: int) -> tuple[list[TrajectoryGroup], dict[str, Any]]:
+        from agentgym.rollout import GroupRequest
+
+        cfg, r = self.cfg, self.cfg.rollout
+        pool = await self._task_pool()
+        kept: list[TrajectoryGroup] = []
+        rolled = dropped = 0
+        rounds = 0
+        while True:
+            need = r.groups_per_step - len(kept)
+            rng = np.random.default_rng([cfg.run.seed, step, rounds])
+            idx = rng.choice(len(pool), size=need, replace=need > len(pool))
+            reqs = [GroupRequest(r.env, pool[int(i)], seed=int(rng.integers(2**31 - 1)),
+                                 group_id=f"s{step}-r{rounds}-{k}",
+                                 sampling_seed=int(rng.integers(2**31 - 1)) if r.sampling_seeds else None,
+                                 info={"step": step})
+                    for k, i in enumerate(idx)]
+            groups = await self._engine.run(self._workflow, reqs)
+            rolled += len(groups)
+            for g in groups:
+                informative = not g.early_stopped and any(not g.zero_variance(pid) for pid in self.trainers)
+                if informative or not cfg.filter.dynamic_sampling:
+                    kept.append(g)
+                else:
+                    dropped += 1
+            rounds += 1
+            if len(kept) >= r.groups_per_step or not cfg.filter.dynamic_sampling or rounds > cfg.filter.max_refill_rounds:
+                break
+        return kept[: r.groups_per_step], {"rolled_groups": rolled, "dropped_groups": dropped, "rounds": rounds}
+
+    async def _sft_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        n = len(self._sft)
+        bs = cfg.data.batch_size
+        per_epoch = math.ceil(n / bs)
+        epoch, k = divmod(self.step, per_epoch)
+        order = np.random.default_rng([cfg.run.seed, epoch]).permutation(n)
+        batch = [self._sft[int(i)] for i in order[k * bs:(k + 1) * bs]]
+        t0 = time.monotonic()
+        m = self.trainers[self._pids[0]].train_on(batch)
+        return {"train": m, "epoch": epoch, "time": {"train_s": time.monotonic() - t0}}
+
+    # ================================================================== weights, eval, checkpoints
+    def _publish(self, version: int) -> dict[str, Any]:
+        out = {}
+        for pid, pub in self.publishers.items():
+            pol = self.rollout_policies.get(pid)
+            if pol is not None:
+                out[pid] = pub.publish([pol], version)
+        return out if len(out) != 1 else next(iter(out.values()))
+
+    async def _evaluate(self, stage: str) -> dict[str, Any]:
+        from agentgym.eval.runner import EvalConfig as RunnerEvalConfig
+        from agentgym.eval.runner import arun_eval
+
+        e, r = self.cfg.eval, self.cfg.rollout
+        pid = self._pids[0]
+        policy = self.rollout_policies[pid]
+        if self.cfg.run.algorithm == "sft" and stage != "before":
+            self.version += 1
+            self._publish(self.version)
+        ec = RunnerEvalConfig(envs=[r.env], split=e.split, tasks=e.tasks, seeds=list(e.seeds),
+                              max_turns=e.max_turns or r.max_turns, max_tokens=e.max_tokens or r.max_tokens,
+                              temperature=e.temperature, concurrency=r.concurrency, env_kwargs=dict(r.env_kwargs),
+                              sampling_seeds=False, max_total_tokens=r.max_total_tokens)
+        t0 = time.monotonic()
+        summary = await arun_eval(policy, ec, self.out / "eval" / stage)
+        ov = summary.get("overall", {})
+        res = {"success": ov.get("success", {}).get("mean"), "success_ci95": ov.get("success", {}).get("ci95"),
+               "episodes": ov.get("episodes"), "reward": ov.get("reward", {}).get("mean"),
+               "split": e.split, "seeds": list(e.seeds), "wall_s": time.monotonic() - t0, "version": self.version}
+        assert self.logger is not None
+        self.logger.note(f"eval {stage}: success {res['success']} over {res['episodes']} episodes ({e.split})")
+        return res
+
+    def _checkpoint(self) -> None:
+        save_checkpoint(self.out, self.step, self.trainers,
+                        {"version": self.version, "result": self.result, "data_position": self.step,
+                         "algorithm": self.cfg.run.algorithm}, keep=self.cfg.run.keep_checkpoints)
+
+    def _save_final(self) -> None:
+        final = self.out / "final"
+        for pid, tr in self.trainers.items():
+            target = final if len(self.trainers) == 1 else final / pid
+            target.mkdir(parents=True, exist_ok=True)
+            model = tr.model
+            if tr.adapter is not None:
+                model.save_pretrained(str(target / "adapter"), selected_adapters=[tr.adapter])
+                if len(self.trainers) > 1 and self.cfg.multi.shared_base:
+                    continue
+                model = model.merge_and_unload()
+                tr.model = model
+            model.save_pretrained(str(target))
+            self.tokenizer.save_pretrained(str(target))
+
+    # ================================================================== cleanup
+    def cleanup(self) -> None:
+        """Stop engines and policies, close logs, draw the curves."""
+        if self.logger is not None:
+            self.logger.close()
+        if self._engine is not None:
+            self._engine.close()
+        if self._runtime is not None:
+            self._runtime.close(wait=False)
+        for p in self.rollout_policies.values():
+            shutdown = getattr(p, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        self.rollout_policies = {}
+        if self.cfg.log.plot and (self.out / "metrics.jsonl").is_file():
+            png = plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+            if png is not None:
+                self.result["curves_png"] = str(png)
+        if self.result:
+            (self.out / "result.json").write_text(json.dumps(self.result, indent=2, default=str))
+
+
+def run_training(cfg: TrainConfig, **kwargs: Any) -> dict[str, Any]:
+    """setup, train, cleanup; returns the result (before/after eval, timings)."""
+    recipe = Recipe(cfg, **kwargs)
+    try:
+        recipe.setup()
+        return recipe.train()
+    finally:
+        recipe.cleanup()

@@ -1,0 +1,291 @@
+"""``PolicyTrainer``: one trained policy's model, optimizer and loss. The narrow seam of training.
+
+A trainer takes a list of :class:`~agentgym.trainers.batching.TrainSample` (built from trajectory
+groups or transcripts), runs one optimizer step per mini-batch (micro-batches packed under a
+token budget, gradients accumulated), and returns metrics. Publishing the new weights is the
+caller's move (:class:`~agentgym.trainers.publish.WeightPublisher`), so a synchronous recipe and a
+dataflow runtime drive it the same way.
+
+Several trainers can share one peft model (two LoRA adapters over one base): each owns one adapter,
+activates it for its own forward passes and optimizes only its parameters.
+
+Faults: a non-finite loss or gradient norm skips the optimizer step (gradients dropped, counted in
+``skipped_steps``, logged); ``optim.max_bad_steps`` consecutive ones raise
+:class:`~agentgym.errors.TrainingDiverged`. An empty sample list is not a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+
+from agentgym.errors import TrainingDiverged
+
+from .batching import MicroBatch, TrainSample, collate, pack_micro_batches
+from .config import LossConfig, OptimConfig
+from .losses import aggregation_weights, policy_loss, sft_loss
+from .model import adapter_parameters, token_logprobs
+
+__all__ = ["PolicyTrainer"]
+
+log = logging.getLogger(__name__)
+
+
+class PolicyTrainer:
+    """Model, optimizer and loss of one policy.
+
+    Args:
+        policy_id: The policy whose tokens this trainer trains on.
+        model: A transformers causal LM (or a peft model holding ``adapter``).
+        algorithm: ``"grpo"`` (PPO-clip on advantages) or ``"sft"`` (negative log-likelihood).
+        optim / loss: Optimizer and loss settings.
+        adapter: The LoRA adapter this trainer owns (``None``: full fine-tune of ``model``).
+        ref_model: A frozen reference for the KL term (with LoRA the base model is used instead,
+            by disabling the adapter).
+        total_steps: For the cosine schedule.
+        seed: Shuffles mini-batches.
+    """
+
+    def __init__(self, policy_id: str, model: Any, *, algorithm: Literal["grpo", "sft"] = "grpo",
+                 optim: OptimConfig | None = None, loss: LossConfig | None = None, adapter: str | None = None,
+                 ref_model: Any = None, total_steps: int = 0, seed: int = 0) -> None:
+        self.policy_id = policy_id
+        self.model = model
+        self.algorithm = algorithm
+        self.optim_cfg = optim or OptimConfig()
+        self.loss_cfg = loss or LossConfig()
+        self.adapter = adapter
+        self.ref_model = ref_model
+        self.device = next(model.parameters()).device
+        self.params = adapter_parameters(model, adapter)
+        for _, p in self.params:
+            p.requires_grad_(True)
+        o = self.optim_cfg
+        self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=o.lr, betas=o.betas, eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        self.total_steps = max(1, total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.steps = 0  # optimizer steps taken
+        self.skipped_steps = 0
+        self.bad_in_a_row = 0
+        self.rng = random.Random(seed)
+
+    # ------------------------------------------------------------------ schedule
+    def _lr_factor(self, step: int) -> float:
+        o = self.optim_cfg
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "cosine":
+            t = min(1.0, (step - o.warmup_steps) / max(1, self.total_steps - o.warmup_steps))
+            return 0.5 * (1 + math.cos(math.pi * t))
+        return 1.0
+
+    # ------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Make this trainer's adapter the active one (no-op for a full fine-tune)."""
+        if self.adapter is not None:
+            self.model.set_adapter(self.adapter)
+            for _, p in self.params:
+                p.requires_grad_(True)
+        yield
+
+    def _micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch]:
+        agg = "token-mean" if self.algorithm == "sft" else self.loss_cfg.aggregation
+        weights = aggregation_weights([s.num_masked for s in samples], agg, self.loss_cfg.norm_len)
+        groups = pack_micro_batches([len(s) for s in samples], self.optim_cfg.token_budget)
+        return [collate(samples, idx, weights).to(self.device) for idx in groups]
+
+    @torch.no_grad()
+    def _logprobs_nograd(self, mbs: list[MicroBatch], reference: bool = False) -> list[torch.Tensor]:
+        out = []
+        was = self.model.training
+        self.model.eval()
+        try:
+            for mb in mbs:
+                if reference and self.ref_model is not None:
+                    lp, _ = token_logprobs(self.ref_model, mb)
+                elif reference:  # LoRA: the base model is the reference
+                    with self.model.disable_adapter():
+                        lp, _ = token_logprobs(self.model, mb)
+                else:
+                    lp, _ = token_logprobs(self.model, mb)
+                out.append(lp.detach())
+        finally:
+            self.model.train(was)
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def train_on(self, samples: Sequence[TrainSample]) -> dict[str, Any]:
+        """Train on one batch: ``loss.epochs`` x ``loss.mini_batches`` optimizer steps.
+
+        Returns:
+            Metrics: loss, grad norm, clip fraction, ratio, KL, entropy, TIS weight, behaviour logprob
+            mismatch, tokens/s, padding efficiency, steps taken and skipped.
+        """
+        samples = [s for s in samples if s.policy_id == self.policy_id and s.num_masked > 0]
+        if not samples:
+            return {"optimizer_steps": 0, "skipped": "no samples"}
+        t0 = time.perf_counter()
+        cfg = self.loss_cfg
+        rl = self.algorithm == "grpo"
+        n_mini = min(cfg.mini_batches, len(samples)) if rl else 1
+        epochs = cfg.epochs if rl else 1
+        order = list(range(len(samples)))
+        if n_mini > 1:
+            self.rng.shuffle(order)
+        chunks = [[samples[i] for i in order[k::n_mini]] for k in range(n_mini)]
+        plans = [self._micro_batches(c) for c in chunks]
+        need_old = rl and (epochs > 1 or n_mini > 1)
+        with self.active():
+            olds = [self._logprobs_nograd(p) for p in plans] if need_old else None
+            refs = [self._logprobs_nograd(p, reference=True) for p in plans] if rl and cfg.kl_coef > 0 else None
+            acc = _Acc()
+            for _ in range(epochs):
+                for k, mbs in enumerate(plans):
+                    self._step(mbs, None if olds is None else olds[k], None if refs is None else refs[k], acc)
+        m = acc.metrics()
+        tokens = sum(s.num_masked for s in samples)
+        dt = time.perf_counter() - t0
+        m.update({"trained_tokens": tokens, "sequences": len(samples), "train_s": dt,
+                  "tokens_per_s": (sum(len(s) for s in samples) * epochs) / dt if dt > 0 else None,
+                  "trained_tokens_per_s": tokens * epochs / dt if dt > 0 else None,
+                  "lr": self.scheduler.get_last_lr()[0], "skipped_steps_total": self.skipped_steps})
+        return m
+
+    def _step(self, mbs: list[MicroBatch], olds: list[torch.Tensor] | None, refs: list[torch.Tensor] | None,
+              acc: _Acc) -> None:
+        cfg = self.loss_cfg
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        finite = True
+        for j, mb in enumerate(mbs):
+            bonus = cfg.entropy_coef > 0 and self.algorithm == "grpo"
+            logp, ent = token_logprobs(self.model, mb, entropy=True, entropy_grad=bonus)  # [B, W-1]
+            if self.algorithm == "sft":
+                per_tok = sft_loss(logp)
+                out = None
+            else:
+                old = logp.detach() if olds is None else olds[j]
+                out = policy_loss(logp, old, mb.advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  ref_logp=None if refs is None else refs[j], kl_coef=cfg.kl_coef,
+                                  behaviour_logp=mb.behaviour_logp, tis_cap=cfg.tis_cap)
+                per_tok = out.loss
+            if bonus and ent is not None:
+                per_tok = per_tok - cfg.entropy_coef * ent  # entropy bonus (keeps exploring)
+                ent = ent.detach()
+            loss = (per_tok * mb.weights).sum()
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            total += float(loss.detach())
+            acc.add(mb, logp.detach(), ent, out)
+        grad_norm = float("nan")
+        if finite:
+            params = [p for _, p in self.params if p.grad is not None]
+            clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip is not None else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+            finite = math.isfinite(grad_norm)
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            self.bad_in_a_row += 1
+            acc.skipped += 1
+            log.warning("%s: non-finite loss or gradient; optimizer step skipped (%d in a row, %d in total)",
+                        self.policy_id, self.bad_in_a_row, self.skipped_steps)
+            if self.bad_in_a_row >= self.optim_cfg.max_bad_steps:
+                raise TrainingDiverged(
+                    f"{self.policy_id}: {self.bad_in_a_row} optimizer steps in a row had a non-finite loss or "
+                    "gradient; lower optim.lr, check the data, or resume from the last checkpoint")
+            return
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        self.bad_in_a_row = 0
+        acc.losses.append(total)
+        acc.grad_norms.append(grad_norm)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "steps": self.steps, "skipped_steps": self.skipped_steps, "bad_in_a_row": self.bad_in_a_row,
+                "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.bad_in_a_row = int(state["bad_in_a_row"])
+        self.rng.setstate(_tuplify(state["rng"]))
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The parameters this trainer optimizes (for checkpoints)."""
+        return {n: p.detach() for n, p in self.params}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        mine = dict(self.params)
+        missing = set(mine) - set(weights)
+        if missing:
+            raise KeyError(f"checkpoint lacks {sorted(missing)[:3]}")
+        with torch.no_grad():
+            for n, p in mine.items():
+                p.copy_(weights[n].to(p.dtype))
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+class _Acc:
+    """Token-weighted running statistics over the micro-batches of a train call."""
+
+    def __init__(self) -> None:
+        self.n = 0.0
+        self.sums: dict[str, float] = {}
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.skipped = 0
+        self.padded = 0
+        self.real = 0
+        self.micro = 0
+
+    def _add(self, key: str, t: torch.Tensor, mask: torch.Tensor) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float((t.float() * mask).sum())
+
+    def add(self, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None, out: Any) -> None:
+        mask = mb.target_mask
+        self.n += float(mask.sum())
+        self.padded += mb.padded_tokens
+        self.real += mb.real_tokens
+        self.micro += 1
+        self._add("logp", logp, mask)
+        if ent is not None:
+            self._add("entropy", ent, mask)
+        if out is not None:
+            self._add("ratio", out.ratio, mask)
+            self._add("clip_frac", out.clipped, mask)
+            if out.kl is not None:
+                self._add("kl", out.kl, mask)
+            if out.is_weight is not None:
+                self._add("tis_weight", out.is_weight, mask)
+        if mb.behaviour_logp is not None:
+            self._add("behaviour_logp_abs_diff", (logp - mb.behaviour_logp).abs(), mask)
+
+    def metrics(self) -> dict[str, Any]:
+        m: dict[str, Any] = {k: v / self.n for k, v in self.sums.items()} if self.n else {}
+        m["loss"] = sum(self.losses) / len(self.losses) if self.losses else None
+        m["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else None
+        m["optimizer_steps"] = len(self.losses)
+        m["skipped_steps"] = self.skipped
+        m["micro_batches"] = self.micro
+        m["padding_efficiency"] = self.real / self.padded if self.padded else None
+        return m
