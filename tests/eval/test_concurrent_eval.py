@@ -16,10 +16,10 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def _eval(env_id: str, concurrency: int, out: Path, extra: list[str]) -> dict[str, tuple[bool, float]]:
-    """Per-episode (success, reward) of the expert: the test split, two samples per task (more episodes
-    than --concurrency 32, so late episodes overlap the cleanup of early ones)."""
+    """Per-episode (success, reward) of the expert: 18 test tasks, two samples each (36 episodes: more than
+    --concurrency 32, so late episodes overlap the cleanup of early ones)."""
     args = [sys.executable, "-m", "agentgym", "eval", "--env", env_id, "--policy", "expert", "--split", "test",
-            "--samples", "2", "--concurrency", str(concurrency), "--out", str(out), "-q", *extra]
+            "--tasks", "18", "--samples", "2", "--concurrency", str(concurrency), "--out", str(out), "-q", *extra]
     r = subprocess.run(args, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -37,8 +37,7 @@ def _backend_args(backend: str) -> list[str]:
 
         if not docker_available():
             pytest.skip("Docker engine not reachable")
-        # a container (or two) per env: fewer tasks keep this to a minute, still more episodes than 32
-        return ["--env-kwarg", "sandbox=docker", "--env-kwarg", 'sandbox_kwargs={"pool_size": 1}', "--tasks", "18"]
+        return ["--env-kwarg", "sandbox=docker", "--env-kwarg", 'sandbox_kwargs={"pool_size": 1}']
     if backend != "auto":
         return ["--env-kwarg", f"sandbox={backend}"]
     return []
