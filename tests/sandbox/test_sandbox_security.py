@@ -416,3 +416,20 @@ def test_process_backend_as_an_ordinary_user() -> None:
     assert out["session"] == "started"
     assert out["closed_out"][0] is True and out["closed_out"][1] < 4, out
     assert _host_procs_with(f"sleep\x00{tag}") == [], "a background process of an ordinary user's session survived"
+
+
+def test_process_backend_refuses_to_run_programs_as_root() -> None:
+    from agentgym.errors import SandboxError
+    from agentgym.sandbox.process import ProcessSandbox
+
+    if not _is_root():
+        with pytest.raises(SandboxError, match="needs the host to run as root"):
+            ProcessSandbox(drop_privileges=True)
+        return
+    with pytest.raises(SandboxError, match="refusing to run untrusted programs as root"):
+        ProcessSandbox(drop_privileges=False)
+    box = ProcessSandbox()
+    try:
+        assert box.drop_privileges and box.run("import os\nprint(os.geteuid())").stdout.strip() != "0"
+    finally:
+        box.close()
