@@ -60,7 +60,7 @@ class UidPool:
     """
 
     BASE = 420_000
-    SPAN = 1 << 16
+    SPAN = 4096  # also bounds the lock files kept in the lock dir
 
     def __init__(self, lock_dir: str | None = None) -> None:
         self._dir = lock_dir
