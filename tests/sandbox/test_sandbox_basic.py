@@ -233,3 +233,61 @@ def test_sandbox_instances_never_kill_each_others_runs(name: str, box_factory: C
     finally:
         stop.set()
     assert errors == [], f"runs were killed by another sandbox instance: {errors[:3]}"
+
+
+HOLD_LEASES = """
+import sys, time
+from agentgym.sandbox._posix import UidPool
+pool = UidPool()
+leases = [pool.lease() for _ in range(40)]
+print(" ".join(str(l.uid) for l in leases), flush=True)
+sys.stdin.readline()  # hold them until told
+"""
+
+
+def test_uid_leases_are_unique_across_processes() -> None:
+    """Two processes and this one lease uids at once: no uid is ever held twice (flock), and a
+    process that dies without releasing gives its uids back, marked for cleanup."""
+    import os
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("uid leases are only used as root")
+    from agentgym.sandbox._posix import UidPool
+
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD_LEASES], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        held = [set(map(int, p.stdout.readline().split())) for p in procs]  # type: ignore[union-attr]
+        mine = [UidPool().lease() for _ in range(40)]
+        ours = {lease.uid for lease in mine}
+        assert len(held[0]) == len(held[1]) == len(ours) == 40
+        assert not (held[0] & held[1]) and not (ours & (held[0] | held[1])), "a uid was leased twice"
+        procs[0].kill()  # dies holding its leases: the kernel drops the locks
+        procs[0].wait(10)
+        for lease in mine:
+            lease.release(clean=True)
+        import fcntl
+
+        from agentgym.sandbox._posix import _lock_dir
+
+        for uid, free in [(u, True) for u in held[0]] + [(u, False) for u in held[1]]:
+            fd = os.open(os.path.join(_lock_dir(), f"uid-{uid}"), os.O_RDWR)
+            try:
+                if free:  # the dead holder's lock is gone; its "in use" mark makes the next holder clean up
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    assert os.pread(fd, 1, 0) == b"1"
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                else:
+                    with pytest.raises(BlockingIOError):
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    f.close()
