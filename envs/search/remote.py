@@ -17,11 +17,13 @@ than the limit, whatever ``Content-Length`` claims), and each client address may
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,6 +98,9 @@ class RemoteRetriever:
         self._path = parts.path or "/retrieve"
         self._local = threading.local()  # one keep-alive connection per thread
         self._retry_after = 0.0
+        self._conns: list[http.client.HTTPConnection] = []  # every thread's, closed by close() or at collection
+        self._conns_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _close_all, self._conns, self._conns_lock)
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -103,6 +108,8 @@ class RemoteRetriever:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             conn = cls(self._host, self._port, timeout=self.timeout_s)
             self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
         return conn
 
     def _drop(self) -> None:
@@ -110,6 +117,8 @@ class RemoteRetriever:
         if conn is not None:
             conn.close()
             self._local.conn = None
+            with self._conns_lock, contextlib.suppress(ValueError):
+                self._conns.remove(conn)
 
     def _post(self, body: bytes) -> tuple[int, bytes]:
         conn = self._conn()
@@ -127,7 +136,10 @@ class RemoteRetriever:
         return resp.status, data
 
     def close(self) -> None:
-        self._drop()
+        """Close every thread's connection."""
+        self._local = threading.local()
+        self._finalizer()
+        self._finalizer = weakref.finalize(self, _close_all, self._conns, self._conns_lock)
 
     def __enter__(self) -> RemoteRetriever:
         return self
@@ -183,6 +195,15 @@ class RemoteRetriever:
 
     def search(self, query: str, k: int = 3) -> list[Hit]:
         return self.batch_search([query], k)[0]
+
+
+def _close_all(conns: list[http.client.HTTPConnection], lock: threading.Lock) -> None:
+    with lock:
+        closing = list(conns)
+        conns.clear()
+    for c in closing:
+        with contextlib.suppress(Exception):
+            c.close()
 
 
 class QueryRequest(BaseModel):

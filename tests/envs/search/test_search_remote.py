@@ -201,7 +201,7 @@ def test_cli_build_index_and_serve_retriever(tmp_path: Path, wiki_corpus: Path) 
         client.close()
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        proc.communicate(timeout=20)  # also closes the pipes
 
 
 # ------------------------------------------------------------------------------ limits (issue 11)
