@@ -6,11 +6,21 @@ many episodes keep the continuous-batching engine full. Prompts are tokenized he
 own chat template and sent as token ids; completions come back as token ids with the logprob of
 each sampled token (vLLM's default: the model's raw log-probabilities).
 
-Weight updates: :meth:`VLLMPolicy.update_weights` applies full tensors or a sparse delta to a CPU
-master copy of the checkpoint, writes it as safetensors to shared memory and has the engine reload
-it in place (``reload_weights``), between engine steps, while requests keep being served.
-Generations record the weight version current when their request started (the oldest version any
-of their tokens can have).
+Weight updates (:meth:`VLLMPolicy.update_weights`) never copy the whole model. The engine's worker
+keeps the checkpoint-format master copy (:mod:`agentgym.policies.vllm_worker`, vLLM's
+``worker_extension_cls``); an update ships only what changed (full tensors, or the indices and new
+values of a sparse delta), is written into that copy in place, and only the touched modules are
+reloaded through vLLM's in-place loader (a fused ``qkv_proj``/``gate_up_proj`` is reloaded whole).
+LoRA adapters (``enable_lora=True``) are loaded with vLLM's LoRA support and served from then on.
+
+Versions are exact. An update first stops new requests from starting, then either waits for the
+requests in flight (``mode="drain"``) or aborts them (``mode="abort"``: they return what they have
+generated with ``finish_reason="abort"``, all of it on the old weights, and the rollout resumes them
+on the new ones), swaps, clears the prefix cache and reopens. ``mode="inflight"`` keeps requests
+running: vLLM's scheduler is paused between two steps, the token count of each request is read at
+that point, and the tokens before it carry the old version, those after it the new one
+(``Generation.weight_version`` becomes a per-token list); their KV cache of the earlier context was
+computed with the old weights, as in PipelineRL-style in-flight updates.
 
 Scripts that create a VLLMPolicy must guard their entry point with ``if __name__ == "__main__":``
 (vLLM starts worker processes).
@@ -29,16 +39,18 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from agentgym.dataflow.weightsync import decode_payload, encode_payload, write_payload
 from agentgym.errors import (
     ConfigurationError,
     DependencyNotInstalled,
     PolicyError,
     PolicyServerError,
     PolicyTimeout,
+    WeightSyncError,
 )
 from agentgym.policy import (
     Capabilities,
@@ -51,7 +63,11 @@ from agentgym.policy import (
 
 from ._common import PreparedPrompt, Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
-from .weights import apply_update, check_version
+from .weights import LoRAAdapter, check_version, split_update
+
+UpdateMode = Literal["drain", "abort", "inflight"]
+_WORKER_EXTENSION = "agentgym.policies.vllm_worker.WeightWorkerExtension"
+_FILE_PAYLOAD_BYTES = 8 << 20  # larger updates reach the worker as a /dev/shm file, smaller ones inline
 
 __all__ = ["VLLMPolicy", "vllm_sampling_params"]
 
@@ -93,6 +109,9 @@ class VLLMPolicy(PolicyLifecycle):
         startup_timeout_s: Deadline for the engine to start.
         seed: Engine seed.
         on_mismatch: Passed to :class:`~agentgym.policies.session.TokenizerChatSession`.
+        enable_lora: Let the engine serve LoRA adapters (:class:`~agentgym.policies.weights.LoRAAdapter`
+            updates). Off by default: LoRA layers slow generation on CPU even when unused.
+        max_lora_rank: Largest adapter rank accepted (with ``enable_lora``).
         engine_kwargs: Extra ``AsyncEngineArgs`` fields.
     """
 
@@ -112,6 +131,8 @@ class VLLMPolicy(PolicyLifecycle):
         startup_timeout_s: float = 600.0,
         seed: int = 0,
         on_mismatch: OnMismatch = "raise",
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
         **engine_kwargs: Any,
     ) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported
@@ -147,10 +168,24 @@ class VLLMPolicy(PolicyLifecycle):
         }
         if not self.is_cpu:
             args["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_lora:
+            args.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
+        args.setdefault("worker_extension_cls", _WORKER_EXTENSION)
         args.update(engine_kwargs)
         self._engine_args = args
+        self.enable_lora = enable_lora
+        self._shapes = _checkpoint_shapes(self.model_path)
         self._update_lock = threading.Lock()
-        self._master: dict[str, Any] | None = None
+        # loop-thread state: requests in flight (rid -> user request id), the gate new requests wait at
+        self._inflight: dict[str, str] = {}
+        self._boundaries: dict[str, list[tuple[int, int]]] = {}  # rid -> [(tokens so far, new version)]
+        self._gate_open = True
+        self._gate_waiters: list[asyncio.Future[None]] = []
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._lora: Any = None  # the LoRARequest served now (enable_lora)
+        self._lora_dir: str | None = None
+        self._lora_ids = 0
+        self.last_update: dict[str, Any] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"vllm-{policy_id}", daemon=True)
         self._thread.start()
@@ -163,13 +198,14 @@ class VLLMPolicy(PolicyLifecycle):
         self.context_length = int(self.engine.model_config.max_model_len)
         _LIVE.add(self)
 
-    capabilities = Capabilities(sessions=True, weight_updates=True)
+    capabilities = Capabilities(sessions=True, weight_updates=True, abort=True)
 
     # ---------------------------------------------------------------- contract
     def describe(self) -> dict[str, Any]:
         return describe_policy(self, backend="vllm", model_path=str(self.model_path), weight_version=self.weight_version,
                                dtype=str(self._engine_args.get("dtype")), context_length=self.context_length,
-                               device="cpu" if self.is_cpu else "gpu")
+                               device="cpu" if self.is_cpu else "gpu",
+                               lora_adapter=None if self._lora is None else self._lora.lora_name)
 
     async def aclose(self) -> None:
         """Stop the engine and its processes (idempotent)."""
@@ -198,43 +234,107 @@ class VLLMPolicy(PolicyLifecycle):
             raise
 
     # ----------------------------------------------------------------- weights
-    def state_dict(self) -> dict[str, Any]:
-        """The CPU master copy of the served weights (checkpoint names)."""
-        return self._master_state()
+    def state_dict(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """A copy of the served weights (all, or ``names``; checkpoint names), read from the worker's master copy."""
+        self._check_open()
+        (blob,) = self._run(self.engine.collective_rpc("agentgym_state", args=(None if names is None else list(names),)), timeout=600)
+        return dict(decode_payload(blob)[0])
 
-    def update_weights(self, update: Any, version: int, timeout_s: float = 600.0) -> list[str]:
-        """Apply full tensors or a delta and reload the engine's weights while it serves.
+    def weight_checksums(self, names: Sequence[str] | None = None) -> dict[str, int]:
+        """CRC-32 of the served tensors (all, or ``names``), computed in the worker."""
+        self._check_open()
+        (crc,) = self._run(self.engine.collective_rpc("agentgym_crc32", args=(None if names is None else list(names),)), timeout=600)
+        return {k: int(v) for k, v in crc.items()}
+
+    def abort(self, request_ids: Sequence[str] | None = None) -> int:
+        """End in-flight requests (all, or those whose ``GenRequest.request_id`` is listed) early.
+
+        Their :meth:`generate` calls return what was generated so far with ``finish_reason="abort"``.
+
+        Returns:
+            How many engine requests were aborted.
+        """
+        self._check_open()
+        return self._run(self._abort(None if request_ids is None else set(request_ids)), timeout=60)
+
+    def update_weights(self, update: Any, version: int, timeout_s: float = 600.0, mode: UpdateMode = "drain",
+                       verify: bool = False) -> list[str]:
+        """Apply full tensors, a sparse delta or a LoRA adapter in place, while the engine serves.
 
         Args:
             update: See :mod:`agentgym.policies.weights`.
-            version: The new weight version (monotonic).
-            timeout_s: Deadline for the reload.
+            version: The new weight version (strictly greater than the served one).
+            timeout_s: Deadline for the whole update (draining included).
+            mode: ``"drain"`` (requests in flight finish on the old weights; new ones wait),
+                ``"abort"`` (requests in flight return early with ``finish_reason="abort"``) or
+                ``"inflight"`` (requests keep running; their tokens get per-token versions).
+            verify: Have the worker return the CRC-32 of each changed tensor (``self.last_update``).
 
         Returns:
-            The names of the tensors that changed.
+            The names of the tensors that changed (for a LoRA adapter: the adapted weights).
+
+        Raises:
+            WeightSyncError: ``version`` is not newer. ConfigurationError: the update does not fit
+            the model (nothing was applied).
         """
+        self._check_open()
+        if mode not in ("drain", "abort", "inflight"):
+            raise ConfigurationError(f"mode must be 'drain', 'abort' or 'inflight', got {mode!r}")
+        with self._update_lock:
+            check_version(self.weight_version, version)
+            if isinstance(update, LoRAAdapter):
+                if not self.enable_lora:
+                    raise ConfigurationError("this VLLMPolicy was started without enable_lora=True; it cannot serve "
+                                             "LoRA adapters (start it with enable_lora=True, or publish merged weights)")
+                lora = self._stage_lora(update, version)
+                try:
+                    self._run(self._swap(mode, version, lora=lora), timeout=timeout_s)
+                finally:
+                    if self._lora is not lora:  # refused or failed: its staged folder goes
+                        shutil.rmtree(lora.lora_path, ignore_errors=True)
+                return sorted(f"{m}.weight" for m in update.weights)
+            if not isinstance(update, Mapping) and not hasattr(update, "indices") and hasattr(update, "apply_to"):
+                # a trainer-defined delta: apply it to a copy of the touched state, then send full tensors
+                state = self.state_dict()
+                names = list(update.apply_to(state))
+                update = {n: state[n] for n in names}
+            full, idx, val = split_update(update, self._shapes)
+            checks = update.get("checks") if isinstance(update, Mapping) else getattr(update, "checks", None)
+            nbytes = sum(t.numel() * t.element_size() for t in [*full.values(), *idx.values(), *val.values()])
+            folder = self._payload_dir() if nbytes >= _FILE_PAYLOAD_BYTES else None
+            path = None
+            try:
+                if folder is None:
+                    payload: Any = encode_payload(full, idx, val, checks)
+                else:  # the worker reads it from shared memory: no copy through the engine's RPC socket
+                    fd, path = tempfile.mkstemp(prefix="agentgym-update-", suffix=".safetensors", dir=folder)
+                    os.close(fd)
+                    payload = write_payload(path, full, idx, val, checks)
+                result = self._run(self._swap(mode, version, payload=payload, verify=verify), timeout=timeout_s)
+            finally:
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            return list(result["changed"])
+
+    async def update_weights_async(self, update: Any, version: int, timeout_s: float = 600.0, mode: UpdateMode = "drain",
+                                   verify: bool = False) -> list[str]:
+        """:meth:`update_weights` without blocking the caller's event loop."""
+        return await asyncio.to_thread(self.update_weights, update, version, timeout_s, mode, verify)
+
+    def drop_lora(self, version: int, timeout_s: float = 600.0) -> None:
+        """Stop serving the LoRA adapter: the base weights are served again, as ``version``."""
         self._check_open()
         with self._update_lock:
             check_version(self.weight_version, version)
-            master = self._master_state()
-            staged = {k: v.clone() for k, v in master.items()}
-            changed = apply_update(staged, update)  # validates names and shapes before touching the engine
-            from safetensors.torch import save_file
+            self._run(self._swap("drain", version, drop=True), timeout=timeout_s)
 
-            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-            folder = tempfile.mkdtemp(prefix="agentgym-weights-", dir=base)
-            try:
-                save_file({k: v.contiguous() for k, v in staged.items()}, os.path.join(folder, "model.safetensors"))
-                self._run(self.engine.collective_rpc("reload_weights", kwargs={"weights_path": folder}), timeout=timeout_s)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-            self._master = staged
-            self.weight_version = version
-            return changed
-
-    async def update_weights_async(self, update: Any, version: int, timeout_s: float = 600.0) -> list[str]:
-        """:meth:`update_weights` without blocking the caller's event loop."""
-        return await asyncio.to_thread(self.update_weights, update, version, timeout_s)
+    def full_reload(self, version: int, timeout_s: float = 600.0) -> None:
+        """Reload every module from the worker's master copy (what a full weight transfer costs in the engine)."""
+        self._check_open()
+        with self._update_lock:
+            check_version(self.weight_version, version)
+            self._run(self._swap("drain", version, reload_all=True), timeout=timeout_s)
 
     # --------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
@@ -249,10 +349,14 @@ class VLLMPolicy(PolicyLifecycle):
                 self._loop.call_soon_threadsafe(engine.shutdown)
                 # shutdown() is synchronous; run it on the loop thread and wait for it
                 self._run(_noop(), timeout=60)
+                self._run(_close_zmq(engine), timeout=30)
             except (PolicyError, RuntimeError):
                 pass
             self.engine = None
             gc.collect()  # run AsyncLLM.__del__ now, not at interpreter exit
+        if self._lora_dir:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora = self._lora_dir = None
         self._stop_loop()
 
     def __enter__(self) -> VLLMPolicy:
@@ -290,18 +394,117 @@ class VLLMPolicy(PolicyLifecycle):
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"bad vLLM engine arguments {self._engine_args}: {e}") from e
 
-    def _master_state(self) -> dict[str, Any]:
-        if self._master is None:
-            from safetensors.torch import load_file
+    def _payload_dir(self) -> str | None:
+        """Where large payloads go as files (/dev/shm), if the engine's workers run on this machine."""
+        if self._engine_args.get("distributed_executor_backend") == "ray":
+            return None
+        return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
-            files = sorted(Path(self.model_path).glob("*.safetensors"))
-            if not files:
-                raise ConfigurationError(f"{self.model_path} has no *.safetensors files to update weights from")
-            state: dict[str, Any] = {}
-            for f in files:
-                state.update(load_file(str(f)))
-            self._master = state
-        return self._master
+    def _stage_lora(self, adapter: LoRAAdapter, version: int) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        for m, (a, b) in adapter.weights.items():
+            w = self._shapes.get(f"{m}.weight")
+            if w is None:
+                raise ConfigurationError(f"LoRA adapter targets {m!r}, which the model does not have")
+            if a.shape[0] != adapter.rank or b.shape[1] != adapter.rank or (b.shape[0], a.shape[1]) != tuple(w):
+                raise ConfigurationError(f"LoRA adapter for {m!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
+                                         f"the weight {tuple(w)} at rank {adapter.rank}")
+        max_rank = int(self._engine_args.get("max_lora_rank", 16))
+        if adapter.rank > max_rank:
+            raise ConfigurationError(f"LoRA rank {adapter.rank} exceeds max_lora_rank={max_rank}")
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        folder = tempfile.mkdtemp(prefix="agentgym-lora-", dir=base)
+        adapter.save_peft(folder)
+        self._lora_ids += 1
+        return LoRARequest(f"{self.policy_id}-v{version}", self._lora_ids, folder)
+
+    # the update protocol, run on the loop thread
+    async def _abort(self, wanted: set[str] | None) -> int:
+        rids = [rid for rid, user in self._inflight.items() if wanted is None or user in wanted]
+        if rids:
+            await self.engine.abort(rids)
+        return len(rids)
+
+    async def _wait_gate(self) -> None:
+        while not self._gate_open:
+            fut = self._loop.create_future()
+            self._gate_waiters.append(fut)
+            await fut
+
+    async def _wait_idle(self) -> None:
+        while self._inflight:
+            fut = self._loop.create_future()
+            self._idle_waiters.append(fut)
+            await fut
+
+    def _wake(self, waiters: list[asyncio.Future[None]]) -> None:
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+        waiters.clear()
+
+    async def _swap(self, mode: str, version: int, payload: bytes | None = None, lora: Any = None,
+                    reload_all: bool = False, verify: bool = False, drop: bool = False) -> dict[str, Any]:
+        import time as _time
+
+        t0 = _time.perf_counter()
+        self._gate_open = False
+        paused = False
+        try:
+            if mode == "abort":
+                await self._abort(None)
+            if mode == "inflight":
+                await self.engine.pause_generation(mode="keep", clear_cache=False)
+                paused = True
+                await _settle_outputs(self.engine)
+                for rid in self._inflight:
+                    self._boundaries.setdefault(rid, []).append((_tokens_so_far(self.engine, rid), version))
+            else:
+                await self._wait_idle()
+            t1 = _time.perf_counter()
+            result: dict[str, Any] = {"changed": []}
+            if drop:
+                if self._lora is not None:
+                    await self.engine.remove_lora(self._lora.lora_int_id)
+                    shutil.rmtree(self._lora_dir or "", ignore_errors=True)
+                self._lora = self._lora_dir = None
+            elif lora is not None:
+                if not await self.engine.add_lora(lora):
+                    raise PolicyError(f"vLLM refused LoRA adapter {lora.lora_name}")
+                old, old_dir = self._lora, self._lora_dir
+                self._lora, self._lora_dir = lora, lora.lora_path
+                if old is not None:
+                    await self.engine.remove_lora(old.lora_int_id)
+                    shutil.rmtree(old_dir or "", ignore_errors=True)
+            elif reload_all:
+                await self.engine.collective_rpc("agentgym_reload_all")
+            else:
+                try:
+                    (result,) = await self.engine.collective_rpc("agentgym_update", args=(payload,), kwargs={"verify": verify})
+                except Exception as e:  # the worker validates before writing: nothing was applied
+                    if isinstance(e, WeightSyncError) or "checksum mismatch" in str(e):
+                        raise WeightSyncError(str(e)) from e
+                    raise ConfigurationError(f"the engine refused the weight update: {e}") from e
+                if "error" in result:
+                    if "checksum mismatch" in result["error"]:
+                        raise WeightSyncError(result["error"])
+                    raise ConfigurationError(f"the engine refused the weight update: {result['error']}")
+            if mode == "inflight":
+                # requests in flight keep their KV blocks; the rest of the prefix cache is dropped when possible
+                await self.engine.resume_generation()
+                paused = False
+            else:
+                await self.engine.reset_prefix_cache()
+            self.weight_version = version
+            self.last_update = {"mode": mode, "version": version, "wait_s": t1 - t0,
+                                "apply_s": _time.perf_counter() - t1, **result}
+            return result
+        finally:
+            if paused:
+                await self.engine.resume_generation()
+            self._gate_open = True
+            self._wake(self._gate_waiters)
 
     async def _generate_all(self, requests: list[GenRequest], prompts: list[PreparedPrompt]) -> list[Generation]:
         results = await asyncio.gather(*(self._generate_one(r, p) for r, p in zip(requests, prompts, strict=True)))
@@ -310,15 +513,18 @@ class VLLMPolicy(PolicyLifecycle):
     async def _generate_one(self, req: GenRequest, prompt: PreparedPrompt) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
+        await self._wait_gate()  # an update in progress holds new requests
         version = self.weight_version
         if prompt.max_tokens == 0:
             return [Generation(text="", finish_reason="length", weight_version=version, prompt_token_ids=list(prompt.ids))
                     for _ in range(req.n)]
         params = vllm_sampling_params(req.sampling, req.n, prompt.max_tokens)
         rid = f"{req.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        self._inflight[rid] = req.request_id
         final = None
         try:
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt.ids)), params, rid):
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt.ids)), params, rid,
+                                                  lora_request=self._lora):
                 final = out
         except asyncio.CancelledError:
             raise
@@ -326,6 +532,11 @@ class VLLMPolicy(PolicyLifecycle):
             if type(e).__name__ == "EngineDeadError":
                 raise PolicyServerError(f"the vLLM engine died (request {rid}); create a new VLLMPolicy: {e}") from e
             raise PolicyError(f"vLLM failed on request {rid}: {type(e).__name__}: {e}") from e
+        finally:
+            self._inflight.pop(rid, None)
+            boundaries = self._boundaries.pop(rid, [])
+            if not self._inflight:
+                self._wake(self._idle_waiters)
         if final is None:
             raise PolicyError(f"vLLM returned no output for request {rid}")
         gens: list[Generation] = []
@@ -337,14 +548,99 @@ class VLLMPolicy(PolicyLifecycle):
                     entry = pos.get(tok) if hasattr(pos, "get") else None
                     lps.append(float(entry.logprob) if entry is not None else float("nan"))
             text, _ = cut_at_stop(o.text, req.sampling.stop)
-            reason = o.finish_reason if o.finish_reason in ("stop", "length") else "length" if o.finish_reason is None else "error"
+            if o.finish_reason in ("stop", "length", "abort"):
+                reason = o.finish_reason
+            else:
+                reason = "length" if o.finish_reason is None else "error"
             gens.append(Generation(text=text, token_ids=ids, logprobs=lps, finish_reason=reason,
-                                   weight_version=version, prompt_token_ids=list(prompt.ids)))
+                                   weight_version=_versions(version, boundaries, len(ids)),
+                                   prompt_token_ids=list(prompt.ids)))
         return gens
+
+
+def _versions(start: int, boundaries: list[tuple[int, int]], n: int) -> int | list[int]:
+    """One version for all ``n`` tokens, or one per token where updates landed after ``k`` tokens."""
+    marks = [(k, v) for k, v in boundaries if k < n]
+    if not marks:
+        return start
+    out = [start] * n
+    for k, v in marks:
+        out[k:] = [v] * (n - k)
+    return out
+
+
+def _tokens_so_far(engine: Any, rid: str) -> int:
+    """Tokens the front end has received for ``rid`` (n > 1: the fewest of its samples)."""
+    op = engine.output_processor
+    states = []
+    for iid in [rid, *op.external_req_ids.get(rid, [])]:
+        if iid in op.request_states:
+            states.append(op.request_states[iid])
+        parent = op.parent_requests.get(iid)
+        if parent is not None:
+            states += [op.request_states[c] for c in parent.child_requests if c in op.request_states]
+    counts = [len(s.detokenizer.output_token_ids) for s in states if getattr(s, "detokenizer", None) is not None]
+    return min(counts) if counts else 0
+
+
+async def _settle_outputs(engine: Any) -> None:
+    """Wait until the front end has processed every engine output received so far."""
+    q = engine.engine_core.outputs_queue
+    for _ in range(1000):
+        await asyncio.sleep(0)
+        if q.empty():
+            await asyncio.sleep(0)
+            if q.empty():
+                return
+        await asyncio.sleep(0.001)
+
+
+def _checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the checkpoint's tensors (from the safetensors headers; no data read)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise ConfigurationError(f"{model_path} has no *.safetensors files to update weights from")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                shapes[k] = tuple(fh.get_slice(k).get_shape())
+    return shapes
 
 
 async def _noop() -> None:
     return None
+
+
+async def _close_zmq(engine: Any) -> None:
+    """Terminate the ZMQ context vLLM's engine client leaves open after ``shutdown()`` (on the loop thread).
+
+    vLLM closes its sockets but never terminates the context; garbage collection then warns
+    "Unclosed context" (an error under ``filterwarnings=error``). The client's asyncio context is a
+    shadow of a sync one: close any socket left on either, then terminate the owner, once.
+    """
+    ctx = getattr(getattr(engine, "engine_core", None), "ctx", None)
+    if ctx is None:
+        return
+    owner = getattr(ctx, "_shadow_obj", None) or ctx
+    for c in (ctx, owner):
+        for sock in list(getattr(c, "_sockets", None) or []):
+            if not sock.closed:
+                sock.close(linger=0)
+    if not getattr(owner, "closed", True):
+        done = threading.Event()
+
+        def term() -> None:
+            owner.term()
+            done.set()
+
+        threading.Thread(target=term, name="vllm-zmq-term", daemon=True).start()  # term() blocks on stray sockets
+        for _ in range(50):
+            if done.is_set():
+                return
+            await asyncio.sleep(0.1)
 
 
 _LIVE: weakref.WeakSet[VLLMPolicy] = weakref.WeakSet()

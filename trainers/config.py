@@ -13,6 +13,7 @@ A config file has one table per concern::
     [eval]       held-out evaluation before and after training
     [log]        JSONL (always), TensorBoard, rich progress, PNG curves
     [multi]      a second trained policy (solver + verifier)
+    [dataflow]   the runtime: embedded or Ray, rollout services, max staleness (0 = synchronous), replay
 
 :func:`load_train_config` reads a file, applies ``--set a.b=v`` overrides and validates; every
 problem is reported at once in one :class:`~agentgym.errors.ConfigurationError`.
@@ -33,6 +34,7 @@ from agentgym.errors import ConfigurationError
 __all__ = [
     "AdvantageConfig",
     "DataConfig",
+    "DataflowSection",
     "EvalConfig",
     "FilterConfig",
     "LogConfig",
@@ -258,6 +260,37 @@ class MultiConfig(_Section):
     verifier_max_tokens: int = Field(default=32, ge=1)
 
 
+class DataflowSection(_Section):
+    """Where rollouts run and how fresh the trained samples must be (:mod:`agentgym.dataflow`).
+
+    Attributes:
+        runtime: ``"embedded"`` (one process, asyncio) or ``"ray"`` (DataFlow and services as Ray actors).
+        max_staleness: Most weight versions a trained token may lag (0: synchronous; roll out a batch,
+            train, publish, repeat).
+        services: Rollout services (each hosts its own rollout policies; the first one's, in the
+            embedded runtime, are also the eval policies).
+        service_capacity: Groups in flight per service (default: ``rollout.groups_per_step``).
+        replay_ratio: Share of each batch replayed from already-trained groups.
+        ordering: ``"fifo"`` or ``"oldest_first"``.
+        skip_zero_variance: GRESO-style: skip tasks whose last ``skip_patience`` groups were
+            zero-variance, except with probability ``skip_explore``.
+        ray_address: An existing Ray cluster (``None``: start or join a local one).
+        service_resources: Ray custom resources per service index (e.g. ``[{}, {"node2": 0.01}]``).
+    """
+
+    runtime: Literal["embedded", "ray"] = "embedded"
+    max_staleness: int = Field(default=0, ge=0)
+    services: int = Field(default=1, ge=1)
+    service_capacity: int | None = Field(default=None, ge=1)
+    replay_ratio: float = Field(default=0.0, ge=0, lt=1)
+    ordering: Literal["fifo", "oldest_first"] = "fifo"
+    skip_zero_variance: bool = False
+    skip_patience: int = Field(default=1, ge=1)
+    skip_explore: float = Field(default=0.1, gt=0, le=1)
+    ray_address: str | None = None
+    service_resources: list[dict[str, float]] = Field(default_factory=list)
+
+
 class TrainConfig(_Section):
     """A whole training run. Sections are documented on their classes."""
 
@@ -272,6 +305,7 @@ class TrainConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     multi: MultiConfig = Field(default_factory=MultiConfig)
+    dataflow: DataflowSection = Field(default_factory=DataflowSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
@@ -284,6 +318,7 @@ class TrainConfig(_Section):
             problems.append("multi.workflow: multi-policy training runs with algorithm = 'grpo'")
         if self.rollout.backend == "vllm" and self.multi.workflow != "none":
             problems.append("rollout.backend: multi-policy runs use the hf backend (one vLLM engine per machine)")
+
         if problems:
             raise ValueError("; ".join(problems))
         return self

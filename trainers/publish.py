@@ -97,6 +97,13 @@ class WeightPublisher:
                 "build_s": time.perf_counter() - t0}
         return update, info
 
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every tensor the trainer changes, as last built (or now, before the first build): what a
+        rollout model that missed updates (a late or restarted service) needs to catch up."""
+        if self._sent is None:
+            return {k: v.to(self.dtype).clone() for k, v in trainable_state(self.model, self.adapter).items()}
+        return self._sent
+
     def publish(self, policies: Sequence[Any], version: int) -> dict[str, Any]:
         """Build the update and apply it to every policy with ``version``; returns bytes and seconds."""
         update, info = self.build()

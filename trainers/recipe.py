@@ -2,18 +2,23 @@
 
 ``algorithm = "grpo"``, one step::
 
-    groups   = roll out groups_per_step tasks x group_size episodes with the rollout engine
-               (DAPO dynamic sampling: drop zero-variance groups, roll more, up to max_refill_rounds)
-    samples  = samples_from_groups(groups, policy)     # segments, loss masks, advantages
+    batch    = await dataflow.get_batch(policy)        # groups_per_step groups of group_size episodes
+               (rollout services run tasks on their own; DAPO dynamic sampling drops zero-variance
+               groups and refills, up to filter.max_refill_rounds groups' worth per batch)
+    samples  = samples_from_groups(batch, policy)      # segments, loss masks, advantages
     metrics  = trainer.train_on(samples)               # micro-batches, accumulation, optimizer step
-    publish  = publisher.publish(rollout policies, version + 1)
+    publish  = dataflow.publish(policy, update, version + 1)   # to every rollout service
     log, checkpoint every run.checkpoint_every steps, evaluate every eval.every steps
+
+Rollouts run on the dataflow runtime (:mod:`agentgym.dataflow`): rollout services feed per-policy
+buffers and the trainer pulls batches. ``dataflow.max_staleness = 0`` (the default) is the
+synchronous schedule (roll out a batch, train, publish, repeat); ``max_staleness = k`` lets the
+services run ``k`` versions ahead. ``dataflow.runtime = "ray"`` puts the services (and the buffers) in
+Ray actors, possibly on other nodes. It is the same code path either way.
 
 ``algorithm = "sft"``, one step: a batch of transcript samples (``[data]``) -> ``train_on``.
 
-The trainer sees trajectories and samples, never envs; the recipe is where rollout and training
-meet (the next layer, the dataflow runtime, replaces this loop with services and buffers and keeps
-``PolicyTrainer.train_on`` and ``WeightPublisher.publish`` as they are).
+The trainer sees trajectories and samples, never envs; the recipe is where rollout and training meet.
 
 Outputs in ``run.out_dir``: ``config.json``, ``metrics.jsonl``, ``checkpoints/``, ``eval/<stage>/``
 (the same summary as ``agentgym eval``), ``curves.png``, ``final/`` (a model folder the next stage
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib
 import json
 import logging
@@ -40,7 +46,7 @@ import numpy as np
 import torch
 
 from agentgym.errors import ConfigurationError, TrainingDataError
-from agentgym.types import Trajectory, TrajectoryGroup
+from agentgym.types import Trajectory
 
 from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -48,6 +54,7 @@ from .config import TrainConfig
 from .metrics import MetricsLogger, plot_curves
 from .model import add_lora, load_causal_lm
 from .publish import WeightPublisher
+from .rollout_setup import make_env, make_rollout_policy, make_workflow, policy_paths, service_workflows
 from .sft import sft_samples
 from .trainer import PolicyTrainer
 
@@ -97,9 +104,9 @@ class Recipe:
         self.stop_requested = False
         self.result: dict[str, Any] = {}
         self._runtime: Any = None
-        self._engine: Any = None
         self._workflow: Any = None
-        self._pool: list[str] = []
+        self._specs: list[Any] = []
+        self._flow_state: dict[str, Any] | None = None
         self._sft: list[TrainSample] = []
         self.logger: MetricsLogger | None = None
 
@@ -142,9 +149,8 @@ class Recipe:
             self.step = int(state["step"])
             self.version = int(state.get("version", 0))
             self.result = dict(state.get("result", self.result))
+            self._flow_state = state.get("dataflow")
             log.info("resumed from %s (step %d, version %d)", ck, self.step, self.version)
-            if self.rollout_policies and self.version > 0:
-                self._publish(self.version)
         self.logger = MetricsLogger(self.out, self.total_steps, tensorboard=cfg.log.tensorboard,
                                     progress=cfg.log.progress, start_step=self.step)
         if ck is not None:
@@ -200,75 +206,67 @@ class Recipe:
                                                total_steps=cfg.run.steps, seed=cfg.run.seed)
             self.publishers[pid] = WeightPublisher(models[pid], pid if lora else None, dtype=rdt, mode="auto")
 
-    def _make_policy(self, pid: str, path: str) -> Any:
-        r = self.cfg.rollout
-        if r.backend == "vllm":
-            from agentgym.policies.vllm import VLLMPolicy
-
-            kw = {"max_model_len": r.max_total_tokens or 4096, "max_num_seqs": max(8, r.concurrency), "kv_cache_gib": 2,
-                  **r.vllm_kwargs}
-            return VLLMPolicy(path, policy_id=pid, dtype=r.rollout_dtype or "bfloat16", seed=self.cfg.run.seed, **kw)
-        from agentgym.policies.hf import HFPolicy
-
-        return HFPolicy(path, policy_id=pid, dtype=r.rollout_dtype or self.cfg.model.dtype, device=self.cfg.model.device,
-                        max_batch_size=max(1, r.concurrency), timeout_s=r.policy_timeout_s,
-                        context_length=r.max_total_tokens)
-
     def _build_rollout(self) -> None:
-        from agentgym.policy import SamplingParams
-        from agentgym.rollout import (
-            MultiTurnWorkflow,
-            RolloutEngine,
-            RolloutLimits,
-            RolloutRuntime,
-            micro_batch,
-        )
-        from agentgym.rollout.multi_policy import SolverVerifierWorkflow
+        """Eval policies here; rollout services on the dataflow runtime (GRPO only)."""
+        import functools
 
-        cfg, r = self.cfg, self.cfg.rollout
-        for pid in self._pids:
-            path = cfg.multi.verifier_path if pid == "verifier" and cfg.multi.verifier_path else cfg.model.path
-            self.rollout_policies[pid] = self._make_policy(pid, path)
-        self._runtime = RolloutRuntime(max_concurrency=r.concurrency, env_factory=self.env_factory or self._make_env)
-        self._engine = RolloutEngine(self._runtime)
-        sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
-        limits = RolloutLimits(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
-                               policy_timeout_s=r.policy_timeout_s)
+        cfg = self.cfg
+        cfg_dict = cfg.to_dict()
+        paths = policy_paths(cfg_dict)
+        for pid, path in paths.items():
+            self.rollout_policies[pid] = make_rollout_policy(cfg_dict, pid, path)
+        if cfg.run.algorithm != "grpo":
+            return
+        from agentgym.dataflow.flow import DataflowConfig
+        from agentgym.dataflow.runtime import ServiceSpec, make_runtime
+        from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 
-        def wrap(p: Any) -> Any:
-            return micro_batch(p, max_batch=r.concurrency, runtime=self._runtime) if r.backend == "hf" else p
-
-        if cfg.multi.workflow == "solver_verifier":
-            self._workflow = SolverVerifierWorkflow(
-                wrap(self.rollout_policies["solver"]), wrap(self.rollout_policies["verifier"]), r.group_size,
-                sampling=sampling, verifier_sampling=SamplingParams(temperature=r.temperature,
-                                                                    max_tokens=cfg.multi.verifier_max_tokens),
-                limits=limits)
+        r, d = cfg.rollout, cfg.dataflow
+        info: dict[str, Any] = {"derive_sampling_seed": True} if r.sampling_seeds else {}
+        tasks = [TaskRef(r.env, tid, seed=cfg.run.seed, info=info) for tid in self._task_ids()]
+        flow_cfg = DataflowConfig(
+            groups_per_step=r.groups_per_step, max_staleness=d.max_staleness, policies=tuple(paths),
+            replay_ratio=d.replay_ratio, ordering=d.ordering, filter_zero_variance=cfg.filter.dynamic_sampling,
+            max_filtered_per_batch=(r.groups_per_step * (cfg.filter.max_refill_rounds + 1)
+                                    if cfg.filter.dynamic_sampling else None),
+            dead_after_s=max(60.0, r.policy_timeout_s))
+        skipper = ZeroVarianceSkipper(d.skip_patience, d.skip_explore) if d.skip_zero_variance else None
+        env_factory = self.env_factory or functools.partial(make_env, dict(r.env_kwargs))
+        if d.runtime == "embedded":
+            stream = TaskStream(tasks, seed=cfg.run.seed, skipper=skipper)
+            self._runtime = make_runtime("embedded", tasks, flow_cfg, stream=stream)
         else:
-            self._workflow = MultiTurnWorkflow(wrap(self.rollout_policies["policy"]), r.group_size, sampling=sampling,
-                                               limits=limits)
+            if skipper is not None:
+                raise ConfigurationError("dataflow.skip_zero_variance runs on the embedded runtime only for now")
+            self._runtime = make_runtime("ray", tasks, flow_cfg, seed=cfg.run.seed, address=d.ray_address)
+        capacity = d.service_capacity or r.groups_per_step
+        self._specs = []
+        for i in range(d.services):
+            if i == 0 and d.runtime == "embedded":  # the eval policies also serve: no second engine
+                wf = make_workflow(cfg_dict, self.rollout_policies)
+                factory: Any = functools.partial(dict, default=wf)
+            else:
+                factory = functools.partial(service_workflows, cfg_dict)
+            res = d.service_resources[i] if i < len(d.service_resources) else None
+            self._specs.append(ServiceSpec(f"rollout-{i}", factory, capacity=capacity,
+                                           max_concurrency=r.concurrency, env_factory=env_factory, resources=res))
 
-    def _make_env(self, env_id: str) -> Any:
-        from agentgym.registration import make
-
-        return make(env_id, **self.cfg.rollout.env_kwargs)
-
-    async def _task_pool(self) -> list[str]:
-        if self._pool:
-            return self._pool
+    def _task_ids(self) -> list[str]:
         from agentgym.eval.runner import select_tasks
 
         r = self.cfg.rollout
-        async with self._runtime.env(r.env) as env:
+        env = (self.env_factory or functools.partial(make_env, dict(r.env_kwargs)))(r.env)
+        try:
             try:
                 tasks_fn = env.get_wrapper_attr("tasks")
             except AttributeError:
                 raise ConfigurationError(f"{r.env} has no tasks(); it cannot be trained on") from None
-            pool = list(await self._runtime.call(tasks_fn, r.split))
+            pool = list(tasks_fn(r.split))
+        finally:
+            env.close()
         if not pool:
             raise ConfigurationError(f"{r.env} split {r.split!r} has no tasks")
-        self._pool = [t.task_id for t in select_tasks(pool, r.tasks)]
-        return self._pool
+        return [t.task_id for t in select_tasks(pool, r.tasks)]
 
     # ================================================================== train
     def train(self) -> dict[str, Any]:
@@ -292,6 +290,29 @@ class Recipe:
             self.logger.note("interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
 
     async def _train(self) -> dict[str, Any]:
+        await self._start_rollout()
+        try:
+            return await self._train_loop()
+        finally:
+            if self._runtime is not None:
+                await self._runtime.stop()
+
+    async def _start_rollout(self) -> None:
+        """Start the dataflow runtime and its services; a resumed run brings everyone to its version."""
+        full = {pid: (pub.full_state(), self.version) for pid, pub in self.publishers.items()} if self.version else None
+        shared = self._runtime is not None and self.cfg.dataflow.runtime == "embedded"
+        if full and not shared:  # eval policies that no service shares
+            for pid, pol in self.rollout_policies.items():
+                await asyncio.to_thread(pol.update_weights, full[pid][0], self.version)
+        if self._runtime is None:
+            return
+        if self._flow_state is not None:
+            await self._runtime.load_state_dict(self._flow_state)
+        await self._runtime.start()
+        for spec in self._specs:
+            await self._runtime.add_service(spec, weights=full)
+
+    async def _train_loop(self) -> dict[str, Any]:
         cfg = self.cfg
         assert self.logger is not None
         t_run = time.monotonic()
@@ -309,7 +330,7 @@ class Recipe:
             if self.on_step is not None:
                 self.on_step(flat)
             if self.step % cfg.run.checkpoint_every == 0 or self.step == self.total_steps or self.stop_requested:
-                self._checkpoint()
+                await self._checkpoint()
         if self.stop_requested:
             self.result["interrupted_at_step"] = self.step
             return self.result
@@ -318,79 +339,59 @@ class Recipe:
             self.logger.log(self.total_steps, {"eval": {"success": self.result["after"]["success"]}})
         self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
         self.result["steps"] = self.step
-        self._checkpoint()
+        await self._checkpoint()
         self._save_final()
         return self.result
 
     async def _rl_step(self) -> dict[str, Any]:
+        assert self._runtime is not None
         t0 = time.monotonic()
-        groups, filt = await self._collect(self.step)
+        batches = {pid: await self._runtime.get_batch(pid) for pid in self.trainers}
         t1 = time.monotonic()
-        rec: dict[str, Any] = {"filter": filt}
-        any_update = False
+        rec: dict[str, Any] = {}
+        updated: list[str] = []
         per: dict[str, Any] = {}
         for pid, tr in self.trainers.items():
-            f = self.cfg.filter
+            f, batch = self.cfg.filter, batches[pid]
+            groups = sorted(batch.all_groups, key=lambda g: g.group_id)  # a stable order, whatever finished first
             samples, stats = samples_from_groups(groups, pid, estimator=self.cfg.advantage.estimator,
                                                  eps=self.cfg.advantage.eps, mask_truncated=f.mask_truncated,
                                                  overlong_max_tokens=f.overlong_max_tokens,
                                                  overlong_buffer=f.overlong_buffer,
                                                  overlong_penalty_value=f.overlong_penalty)
-            m = {"rollout": stats.to_metrics()}
+            m: dict[str, Any] = {"rollout": stats.to_metrics(),
+                                 "dataflow": {"groups": len(batch.groups), "replayed": len(batch.replayed),
+                                              "filtered": batch.filtered, "expired": batch.expired,
+                                              "wait_s": batch.wait_s,
+                                              "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
             if not samples:
                 assert self.logger is not None
                 self.logger.note(f"step {self.step}: every group was filtered for {pid} "
-                                 f"({filt['rolled_groups']} rolled, {filt['dropped_groups']} dropped by dynamic "
-                                 f"sampling; of {stats.groups} kept: {stats.zero_variance_groups} zero-variance, "
-                                 f"{stats.early_stopped_groups} early-stopped, {stats.error_episodes} lost episodes); "
-                                 "no optimizer step")
+                                 f"({batch.filtered} dropped by dynamic sampling; of {stats.groups} kept: "
+                                 f"{stats.zero_variance_groups} zero-variance, {stats.early_stopped_groups} "
+                                 f"early-stopped, {stats.error_episodes} lost episodes); no optimizer step")
                 m["train"] = {"optimizer_steps": 0, "skipped": "all groups filtered"}
             else:
                 m["train"] = tr.train_on(samples)
-                any_update = any_update or m["train"].get("optimizer_steps", 0) > 0
+                if m["train"].get("optimizer_steps", 0) > 0:
+                    updated.append(pid)
             per[pid] = m
         t2 = time.monotonic()
-        if any_update:
+        if updated:
             self.version += 1
-            rec["publish"] = self._publish(self.version)
+            rec["publish"] = await self._publish(self.version)
+        else:  # a step without an update still frees the staleness budget for the next batch
+            for pid in self.trainers:
+                await self._runtime.step_done(pid)
         t3 = time.monotonic()
         if len(per) == 1:
             rec.update(next(iter(per.values())))
         else:
             rec.update(per)
+        rec["filter"] = {"dropped_groups": sum(b.filtered for b in batches.values())}
         rec["version"] = self.version
         rec["time"] = {"rollout_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2, "step_s": t3 - t0}
         return rec
-
-    async def _collect(self, step: int) -> tuple[list[TrajectoryGroup], dict[str, Any]]:
-        from agentgym.rollout import GroupRequest
-
-        cfg, r = self.cfg, self.cfg.rollout
-        pool = await self._task_pool()
-        kept: list[TrajectoryGroup] = []
-        rolled = dropped = 0
-        rounds = 0
-        while True:
-            need = r.groups_per_step - len(kept)
-            rng = np.random.default_rng([cfg.run.seed, step, rounds])
-            idx = rng.choice(len(pool), size=need, replace=need > len(pool))
-            reqs = [GroupRequest(r.env, pool[int(i)], seed=int(rng.integers(2**31 - 1)),
-                                 group_id=f"s{step}-r{rounds}-{k}",
-                                 sampling_seed=int(rng.integers(2**31 - 1)) if r.sampling_seeds else None,
-                                 info={"step": step})
-                    for k, i in enumerate(idx)]
-            groups = await self._engine.run(self._workflow, reqs)
-            rolled += len(groups)
-            for g in groups:
-                informative = not g.early_stopped and any(not g.zero_variance(pid) for pid in self.trainers)
-                if informative or not cfg.filter.dynamic_sampling:
-                    kept.append(g)
-                else:
-                    dropped += 1
-            rounds += 1
-            if len(kept) >= r.groups_per_step or not cfg.filter.dynamic_sampling or rounds > cfg.filter.max_refill_rounds:
-                break
-        return kept[: r.groups_per_step], {"rolled_groups": rolled, "dropped_groups": dropped, "rounds": rounds}
 
     async def _sft_step(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -405,12 +406,24 @@ class Recipe:
         return {"train": m, "epoch": epoch, "time": {"train_s": time.monotonic() - t0}}
 
     # ================================================================== weights, eval, checkpoints
-    def _publish(self, version: int) -> dict[str, Any]:
-        out = {}
+    async def _publish(self, version: int) -> dict[str, Any]:
+        """Send every trainer's new weights as ``version``: to the rollout services through the dataflow
+        runtime (a service that is behind gets the full state) and to the eval policies."""
+        out: dict[str, Any] = {}
+        shared = self._runtime is not None and self.cfg.dataflow.runtime == "embedded"
         for pid, pub in self.publishers.items():
+            update, info = pub.build()
+            t0 = time.perf_counter()
+            if self._runtime is not None:
+                info["services"] = await self._runtime.publish(pid, update, version, full=pub.full_state())
             pol = self.rollout_policies.get(pid)
-            if pol is not None:
-                out[pid] = pub.publish([pol], version)
+            if pol is not None and not shared:  # in the embedded runtime the eval policies are service 0's
+                await asyncio.to_thread(pol.update_weights, update, version)
+            info["apply_s"] = time.perf_counter() - t0
+            info["version"] = version
+            info["publish_s"] = info["build_s"] + info["apply_s"]
+            pub.history.append(info)
+            out[pid] = info
         return out if len(out) != 1 else next(iter(out.values()))
 
     async def _evaluate(self, stage: str) -> dict[str, Any]:
@@ -422,7 +435,7 @@ class Recipe:
         policy = self.rollout_policies[pid]
         if self.cfg.run.algorithm == "sft" and stage != "before":
             self.version += 1
-            self._publish(self.version)
+            await self._publish(self.version)
         ec = RunnerEvalConfig(envs=[r.env], split=e.split, tasks=e.tasks, seeds=list(e.seeds),
                               max_turns=e.max_turns or r.max_turns, max_tokens=e.max_tokens or r.max_tokens,
                               temperature=e.temperature, concurrency=r.concurrency, env_kwargs=dict(r.env_kwargs),
@@ -437,10 +450,11 @@ class Recipe:
         self.logger.note(f"eval {stage}: success {res['success']} over {res['episodes']} episodes ({e.split})")
         return res
 
-    def _checkpoint(self) -> None:
+    async def _checkpoint(self) -> None:
+        flow = await self._runtime.state_dict() if self._runtime is not None else None
         save_checkpoint(self.out, self.step, self.trainers,
                         {"version": self.version, "result": self.result, "data_position": self.step,
-                         "algorithm": self.cfg.run.algorithm}, keep=self.cfg.run.keep_checkpoints)
+                         "dataflow": flow, "algorithm": self.cfg.run.algorithm}, keep=self.cfg.run.keep_checkpoints)
 
     def _save_final(self) -> None:
         final = self.out / "final"
@@ -462,10 +476,6 @@ class Recipe:
         """Stop engines and policies, close logs, draw the curves."""
         if self.logger is not None:
             self.logger.close()
-        if self._engine is not None:
-            self._engine.close()
-        if self._runtime is not None:
-            self._runtime.close(wait=False)
         for p in self.rollout_policies.values():
             shutdown = getattr(p, "shutdown", None)
             if callable(shutdown):

@@ -32,11 +32,15 @@ def train_cmd(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Training config (configs/train/*.toml).")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set optim.lr=1e-5 (repeatable).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
+    runtime: Annotated[str | None, typer.Option("--runtime", help="Dataflow runtime: embedded (default) or ray "
+                                                "(same as --set dataflow.runtime=...).")] = None,
 ) -> None:
     """Train a policy: GRPO / Dr.GRPO / RLOO on rollouts, or SFT on transcripts."""
     from agentgym.errors import AgentGymError
     from agentgym.trainers.config import load_train_config
 
+    if runtime is not None:
+        overrides = [*(overrides or []), f"dataflow.runtime={runtime}"]
     try:
         cfg = load_train_config(config, overrides)
     except AgentGymError as e:

@@ -15,10 +15,11 @@ Its control loop, independent of any trainer:
   versions behind the policy's current version. A trainer waits only when its buffer cannot fill a
   batch.
 
-**Staleness budget.** With trained version ``v`` of a policy and ``s`` batches served, the groups in
-the pipeline (queued, running, buffered) are capped at ``(v + max_staleness + 1 - s) * groups_per_step``:
-a group generated at version ``v`` is then consumed by batch ``v + max_staleness`` at the latest, so
-no trained token is more than ``max_staleness`` versions old. ``max_staleness = 0`` *is* the synchronous
+**Staleness budget.** With ``d`` trainer steps done for a policy (:meth:`DataFlow.step_done`, also
+implied by :meth:`DataFlow.set_version`) and ``c`` groups already handed to its trainer, the groups in
+the pipeline (queued, running, buffered) are capped at ``(d + max_staleness + 1) * groups_per_step - c``:
+a group generated after step ``d`` is consumed by step ``d + max_staleness`` at the latest, and since a
+step publishes at most one new version, no trained token is more than ``max_staleness`` versions old. ``max_staleness = 0`` *is* the synchronous
 recipe (roll out one batch, train, publish, repeat): the same runtime, not a second code path.
 Filtered groups leave the pipeline and are refilled, which is dynamic sampling.
 
@@ -41,7 +42,7 @@ from typing import Any, Literal
 
 from agentgym.dataflow.ledger import Ledger, Ticket
 from agentgym.dataflow.service import ServiceDead, ServiceHandle, ServiceResult
-from agentgym.dataflow.tasks import TaskStream
+from agentgym.dataflow.tasks import TaskRef, TaskStream
 from agentgym.errors import ConfigurationError
 from agentgym.types import TrajectoryGroup
 
@@ -101,6 +102,10 @@ class DataflowConfig:
         poll_s: How long one service poll waits for a result (the heartbeat period).
         dead_after_s: A service silent for this long is dead.
         max_attempts: A ticket resubmitted this many times is filtered (``"attempts"``) instead.
+        max_filtered_per_batch: Once this many groups were filtered for a policy since its last batch,
+            :meth:`DataFlow.get_batch` returns what it has (a short, possibly empty batch) instead of
+            waiting for more: a model that never succeeds does not stall training forever.
+            ``None``: wait.
     """
 
     groups_per_step: int = 8
@@ -114,6 +119,7 @@ class DataflowConfig:
     poll_s: float = 0.2
     dead_after_s: float = 30.0
     max_attempts: int = 5
+    max_filtered_per_batch: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -152,6 +158,8 @@ class Batch:
     versions: list[int] = field(default_factory=list)  # oldest token version of each fresh group
     expired: int = 0  # groups expired as stale while this batch was assembled
     wait_s: float = 0.0
+    filtered: int = 0  # groups filtered for this policy since its previous batch
+    short: bool = False  # fewer groups than asked: max_filtered_per_batch was reached
 
     @property
     def all_groups(self) -> list[TrajectoryGroup]:
@@ -189,6 +197,9 @@ class DataFlow:
         self.services: dict[str, _Svc] = {}
         self.versions: dict[str, int] = {p: 0 for p in self.config.policies}
         self.served: dict[str, int] = {p: 0 for p in self.config.policies}  # batches handed to trainers
+        self.filtered_since: dict[str, int] = {p: 0 for p in self.config.policies}
+        self.consumed: dict[str, int] = {p: 0 for p in self.config.policies}  # fresh groups handed to trainers
+        self.done: dict[str, int] = {p: 0 for p in self.config.policies}  # trainer steps finished
         self.buffers: dict[str, deque[_Item]] = {p: deque() for p in self.config.policies}
         self.replay: dict[str, deque[TrajectoryGroup]] = {p: deque(maxlen=self.config.replay_size)
                                                           for p in self.config.policies}
@@ -285,11 +296,18 @@ class DataFlow:
         return [sid for sid, s in self.services.items() if s.alive]
 
     # ------------------------------------------------------------------ trainers
-    def set_version(self, policy_id: str, version: int) -> None:
-        """The policy's trainer published ``version`` to the services."""
+    def set_version(self, policy_id: str, version: int, *, step_done: bool = True) -> None:
+        """The policy's trainer published ``version`` to the services (and, by default, finished a step)."""
         if version < self.versions[policy_id]:
             raise ConfigurationError(f"version of {policy_id!r} went back from {self.versions[policy_id]} to {version}")
         self.versions[policy_id] = version
+        if step_done:
+            self.done[policy_id] += 1
+        self._notify()
+
+    def step_done(self, policy_id: str) -> None:
+        """The policy's trainer finished a step without publishing (e.g. every group was filtered)."""
+        self.done[policy_id] += 1
         self._notify()
 
     async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
@@ -312,6 +330,9 @@ class DataFlow:
                 expired += self._expire(policy_id)
                 if len(self.buffers[policy_id]) >= n_fresh:
                     break
+                cap = self.config.max_filtered_per_batch
+                if cap is not None and self.filtered_since[policy_id] >= cap:
+                    break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise asyncio.TimeoutError(f"no batch for {policy_id!r} within {timeout} s")
@@ -324,9 +345,12 @@ class DataFlow:
             for it in items:
                 self.replay[policy_id].append(it.group)
             self.served[policy_id] += 1
+            self.consumed[policy_id] += len(items)
+            filtered, self.filtered_since[policy_id] = self.filtered_since[policy_id], 0
             cond.notify_all()
         return Batch(policy_id, [it.group for it in items], [it.ticket_id for it in items], replayed,
-                     [it.min_version for it in items], expired, time.monotonic() - t0)
+                     [it.min_version for it in items], expired, time.monotonic() - t0, filtered,
+                     short=len(items) < n_fresh)
 
     # ------------------------------------------------------------------ state
     def stats(self) -> dict[str, Any]:
@@ -337,15 +361,34 @@ class DataFlow:
                 "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped}}
 
     def state_dict(self) -> dict[str, Any]:
-        """What a training checkpoint needs to resume the data position."""
+        """What a training checkpoint needs to resume the data position.
+
+        Tickets not yet trained, filtered or expired (in flight, buffered) are recorded with their ids,
+        so a resumed run submits the same tasks again (same ids, so the same derived sampling seeds)
+        before drawing new ones: no task is skipped by a crash.
+        """
+        open_tickets = [{"ticket_id": t.ticket_id, "env_id": t.task.env_id, "task_id": t.task.task_id,
+                         "seed": t.task.seed, "info": t.task.info}
+                        for tid, t in self.tickets.items()
+                        if any(st not in ("trained", "filtered", "expired") for st in self.ledger.entries[tid].state.values())]
+        n = next(self._ids)
+        self._ids = itertools.count(n)  # peeking must not skip an id
         return {"stream": self.stream.state_dict(), "versions": dict(self.versions), "served": dict(self.served),
-                "next_id": next(self._ids)}
+                "consumed": dict(self.consumed), "done": dict(self.done), "next_id": n, "open": open_tickets}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state["stream"])
         self.versions.update(state["versions"])
         self.served.update(state["served"])
+        self.consumed.update(state.get("consumed", {}))
+        self.done.update(state.get("done", {}))
         self._ids = itertools.count(int(state.get("next_id", 0)))
+        for o in sorted(state.get("open", []), key=lambda o: _ticket_no(o["ticket_id"])):
+            task = TaskRef(o["env_id"], o["task_id"], o["seed"], dict(o.get("info") or {}))
+            ticket = Ticket(o["ticket_id"], task, self.config.workflow, tuple(self.config.policies))
+            self.tickets[ticket.ticket_id] = ticket
+            self.ledger.open(ticket)
+            self.queue.append(ticket.ticket_id)
 
     # ------------------------------------------------------------------ the loops
     def _condition(self) -> asyncio.Condition:
@@ -374,7 +417,7 @@ class DataFlow:
     def budget(self) -> int:
         """How many more groups may enter the pipeline now (see the staleness budget)."""
         c = self.config
-        room = min((self.versions[p] + c.max_staleness + 1 - self.served[p]) * c.groups_per_step - self._pipeline(p)
+        room = min((self.done[p] + c.max_staleness + 1) * c.groups_per_step - self.consumed[p] - self._pipeline(p)
                    for p in c.policies)
         return max(0, room)
 
@@ -456,6 +499,7 @@ class DataFlow:
             reason = next((r for f in self.filters if (r := f(group, p))), None)
             if reason:
                 self.ledger.resolve(res.ticket_id, p, "filtered", reason)
+                self.filtered_since[p] += 1
                 continue
             self.ledger.buffer(res.ticket_id, p)
             self.buffers[p].append(_Item(res.ticket_id, group, _min_version(group, p, ticket.versions.get(p, 0)),
@@ -506,6 +550,11 @@ class DataFlow:
         chosen, rest = items[:n], items[n:]
         self.buffers[policy] = deque(sorted(rest, key=lambda it: it.arrived))
         return chosen
+
+
+def _ticket_no(ticket_id: str) -> int:
+    digits = ticket_id.lstrip("t")
+    return int(digits) if digits.isdigit() else 0
 
 
 def _min_version(group: TrajectoryGroup, policy: str, default: int) -> int:

@@ -141,8 +141,11 @@ class _FlowActor:
     async def get_batch(self, policy_id: str, n_groups: int | None, timeout: float | None) -> Batch:
         return await self.flow.get_batch(policy_id, n_groups, timeout)
 
-    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]:
-        return await publish_to(self.flow, policy_id, update, version)
+    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
+        return await publish_to(self.flow, policy_id, update, version, full)
+
+    async def step_done(self, policy_id: str) -> None:
+        self.flow.step_done(policy_id)
 
     async def live_services(self) -> list[str]:
         return self.flow.live_services()
@@ -232,9 +235,12 @@ class RayRuntime:
             raise e.as_instanceof_cause() from None
         return out
 
-    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]:
-        out: dict[str, str] = await self.flow.publish.remote(policy_id, update, version)
+    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
+        out: dict[str, str] = await self.flow.publish.remote(policy_id, update, version, full)
         return out
+
+    async def step_done(self, policy_id: str) -> None:
+        await self.flow.step_done.remote(policy_id)
 
     async def live_services(self) -> list[str]:
         out: list[str] = await self.flow.live_services.remote()

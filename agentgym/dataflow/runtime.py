@@ -70,7 +70,9 @@ class FlowRuntime(Protocol):
 
     async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch: ...
 
-    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]: ...
+    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]: ...
+
+    async def step_done(self, policy_id: str) -> None: ...
 
     async def live_services(self) -> list[str]: ...
 
@@ -83,16 +85,26 @@ class FlowRuntime(Protocol):
     async def stop(self) -> None: ...
 
 
-async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int) -> dict[str, str]:
+async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
     """Send ``update`` (version ``version``) to every live service that hosts ``policy_id``; then the
-    flow moves to that version. Returns ``{service: "ok" | error}``; a service that fails is dead."""
+    flow moves to that version. Returns ``{service: "ok" | "full" | error}``.
+
+    ``update`` may be a delta against version ``version - 1``; a service that is not at that version
+    (it joined late, or missed an update) gets ``full`` (the whole state) instead, when given. A
+    service that fails to apply an update is taken out rather than left serving old weights.
+    """
     out: dict[str, str] = {}
 
     async def one(sid: str) -> None:
         svc = flow.services[sid]
         try:
-            await svc.handle.update_weights(policy_id, update, version)
-            out[sid] = "ok"
+            payload, how = update, "ok"
+            if full is not None:
+                current = await svc.handle.weight_version(policy_id)  # type: ignore[attr-defined]
+                if current != version - 1:
+                    payload, how = full, "full"
+            await svc.handle.update_weights(policy_id, payload, version)
+            out[sid] = how
         except ConfigurationError as e:  # this service does not host the policy
             out[sid] = f"skipped: {e}"
         except ServiceDead as e:
@@ -147,8 +159,11 @@ class EmbeddedRuntime:
     async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
         return await self.flow.get_batch(policy_id, n_groups, timeout)
 
-    async def publish(self, policy_id: str, update: Any, version: int) -> dict[str, str]:
-        return await publish_to(self.flow, policy_id, update, version)
+    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
+        return await publish_to(self.flow, policy_id, update, version, full)
+
+    async def step_done(self, policy_id: str) -> None:
+        self.flow.step_done(policy_id)
 
     async def live_services(self) -> list[str]:
         return self.flow.live_services()

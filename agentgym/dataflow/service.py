@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -95,8 +96,11 @@ class RolloutService:
                                      f"it has {sorted(self.workflows)}")
         self._ensure_pump()
         t = ticket.task
+        seed = t.info.get("sampling_seed")
+        if seed is None and t.info.get("derive_sampling_seed"):  # reproducible per ticket, whoever runs it
+            seed = zlib.crc32(ticket.ticket_id.encode())
         req = GroupRequest(t.env_id, t.task_id, seed=t.seed, group_id=f"{ticket.ticket_id}#{ticket.attempt}",
-                           sampling_seed=t.info.get("sampling_seed"), info={**t.info, "ticket": ticket.ticket_id})
+                           sampling_seed=seed, info={**t.info, "ticket": ticket.ticket_id})
         self._attempts[req.group_id] = ticket.attempt
         self._started[req.group_id] = time.monotonic()
         self.engine.submit_nowait(wf, req)
@@ -189,6 +193,8 @@ class ServiceHandle(Protocol):
     async def status(self) -> dict[str, Any]: ...
 
     async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]: ...
+
+    async def weight_version(self, policy_id: str) -> int: ...
 
     async def stop(self) -> None: ...
 

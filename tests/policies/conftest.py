@@ -47,24 +47,31 @@ def vllm_policy(smollm2_path: str) -> Iterator[Any]:
     pytest.importorskip("vllm")
     from agentgym.policies.vllm import VLLMPolicy
 
-    policy = VLLMPolicy(smollm2_path, kv_cache_gib=1, max_model_len=2048, max_num_seqs=16, startup_timeout_s=600)
+    # enable_lora: test_vllm_weights serves an adapter (and drops it again) on this one engine
+    policy = VLLMPolicy(smollm2_path, kv_cache_gib=1, max_model_len=2048, max_num_seqs=16, startup_timeout_s=600,
+                        enable_lora=True, max_lora_rank=8)
     yield policy
     policy.shutdown()
 
 
 @pytest.fixture(scope="session")
 def vllm_server(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `vllm serve` of SmolLM2 on 127.0.0.1; yields the base URL (``.../v1``)."""
+    """A real `vllm serve` of SmolLM2 on 127.0.0.1; yields the base URL (``.../v1``).
+
+    Dev mode (``/collective_rpc``, ``/pause``, ``/update_weight_version``, ...) and AgentGym's worker
+    extension are on, so weight sync can publish to it (tests/policies/test_vllm_weights.py).
+    """
     pytest.importorskip("vllm")
     port = free_port()
     log = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_SERVER_DEV_MODE": "1"}
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", smollm2_path, "--served-model-name", SERVED_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--worker-extension-cls", "agentgym.policies.vllm_worker.WeightWorkerExtension",
     ]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,20 +33,23 @@ def _echo(messages: list[Message]) -> str:
         pytest.param("openai", marks=[pytest.mark.slow, pytest.mark.vllm]),
     ]
 )
-def policy(request: pytest.FixtureRequest) -> Any:
+async def policy(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     kind = request.param
     if kind == "scripted":
         from agentgym.policies.scripted import ScriptedPolicy
 
-        return ScriptedPolicy(_echo)
-    if kind == "hf":
-        return request.getfixturevalue("hf_policy")
-    if kind == "vllm":
-        return request.getfixturevalue("vllm_policy")
-    from agentgym.policies.openai import OpenAIPolicy
+        yield ScriptedPolicy(_echo)
+    elif kind == "hf":
+        yield request.getfixturevalue("hf_policy")
+    elif kind == "vllm":
+        yield request.getfixturevalue("vllm_policy")
+    else:
+        from agentgym.policies.openai import OpenAIPolicy
 
-    return OpenAIPolicy(request.getfixturevalue("vllm_server"), SERVED_NAME, timeout_s=120, max_retries=1,
-                        tokenizer=request.getfixturevalue("smollm2_path"))
+        client = OpenAIPolicy(request.getfixturevalue("vllm_server"), SERVED_NAME, timeout_s=120, max_retries=1,
+                              tokenizer=request.getfixturevalue("smollm2_path"))
+        yield client
+        await client.aclose()  # its connections to the server (unclosed sockets are errors under filterwarnings)
 
 
 def _is_model(policy: Any) -> bool:
