@@ -186,45 +186,48 @@ class Handle:
         object.__setattr__(self, "_id", hid)
 
     def __call__(self, *args, **kwargs):
-        return SOLUTION.call(self, args, kwargs)
+        return _solution().call(self, args, kwargs)
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return SOLUTION.op(self, "getattr", name)
+        return _solution().op(self, "getattr", name)
 
     def __len__(self):
-        return SOLUTION.op(self, "len")
+        return _solution().op(self, "len")
 
     def __iter__(self):
-        return iter(SOLUTION.op(self, "list"))
+        return iter(_solution().op(self, "list"))
 
     def __bool__(self):
-        return SOLUTION.op(self, "bool")
+        return _solution().op(self, "bool")
 
     def __getitem__(self, key):
-        return SOLUTION.op(self, "getitem", key)
+        return _solution().op(self, "getitem", key)
 
     def __contains__(self, item):
-        return SOLUTION.op(self, "contains", item)
+        return _solution().op(self, "contains", item)
 
     def __str__(self):
-        return SOLUTION.op(self, "str")
+        return _solution().op(self, "str")
 
     def __repr__(self):
-        return SOLUTION.op(self, "repr")
+        return _solution().op(self, "repr")
 
     def __int__(self):
-        return SOLUTION.op(self, "int")
+        return _solution().op(self, "int")
 
     def __float__(self):
-        return SOLUTION.op(self, "float")
+        return _solution().op(self, "float")
 
     def _refuse(self, *_args):
         raise TypeError("the submission returned an object that is not a plain value; tests compare plain "
                         "values only (return numbers, strings, lists, tuples, dicts or sets)")
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+
+
+_TAGS: "dict[type, str]" = {list: "l", tuple: "t", set: "S", frozenset: "F"}
 
 
 def enc(v, depth=0):
@@ -247,8 +250,8 @@ def enc(v, depth=0):
         return ["s", v]  # marshal carries str and bytes as they are
     if t is bytes:
         return ["y", v]
-    if t in (list, tuple, set, frozenset):
-        return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [enc(x, depth + 1) for x in v]]
+    if t in _TAGS:
+        return [_TAGS[t], [enc(x, depth + 1) for x in v]]
     if t is dict:
         return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
     raise TypeError("cannot pass a %s to the submission (only plain values cross)" % t.__name__)
@@ -390,6 +393,12 @@ class Solution:
 
 
 SOLUTION = None
+
+
+def _solution():
+    if SOLUTION is None:
+        raise SolutionGone("no submission is loaded")
+    return SOLUTION
 
 
 def main():

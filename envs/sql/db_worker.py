@@ -228,28 +228,27 @@ def main():
     os.dup2(null, 1)
     ep = None
     while True:
+        resp: tuple = ("err", "no answer")
         req = read_frame(rf)
         if req is None:
             return
         op = req[0]
         try:
-            if op == "open":
+            if op in ("open", "close"):
                 if ep is not None:
                     ep.conn.close()
                     ep = None
-                ep = Episode(*req[1:])
+                if op == "open":
+                    ep = Episode(*req[1:])
                 resp = ("ok",)
+            elif ep is None:
+                resp = ("err", "no database is open")
             elif op == "run":
                 resp = ("ok", *ep.run(*req[1:]))
             elif op == "hash":
                 resp = ("ok", ep.state_hash(req[1]))
             elif op == "in_tx":
                 resp = ("ok", ep.conn.in_transaction)
-            elif op == "close":
-                if ep is not None:
-                    ep.conn.close()
-                ep = None
-                resp = ("ok",)
             else:
                 resp = ("err", "unknown op %r" % (op,))
         except BaseException as e:  # a broken request (or no episode open): say so, keep serving
