@@ -7,8 +7,16 @@
   no-op that only advances the version, so the figure is the rollout side alone; every
   configuration runs the same number of batches after the same warm-up batch.
 
+* ``async``: the same training config with ``dataflow.max_staleness`` 0 (synchronous), 1, 2 and 4, the
+  same number of optimizer steps each: wall-clock, trained samples/s, training-reward curves side by
+  side, the staleness actually trained on, and the ideal bound for this machine,
+  ``(rollout time + train time) / max(rollout time, train time)`` per step, from the synchronous run.
+* ``multi``: two policies (solver + verifier) trained concurrently (both every step) against
+  alternating (one per step, twice the steps), the same optimizer steps per policy: wall-clock.
+
 Writes ``benchmarks/results/dataflow.json`` (sections merge into the existing file).
-Run: ``python benchmarks/bench_dataflow.py --sections elastic [--quick]``.
+Run: ``python benchmarks/bench_dataflow.py --sections elastic,async,multi [--quick]``
+(``--config`` picks the training config of ``async``, ``--multi-config`` that of ``multi``).
 """
 
 from __future__ import annotations
@@ -151,6 +159,64 @@ async def elastic(quick: bool, latency: float, skip_vllm: bool) -> dict[str, Any
     return out
 
 
+def _train(config: str, out: str, overrides: list[str]) -> tuple[float, list[dict[str, Any]]]:
+    from agentgym.trainers.config import load_train_config
+    from agentgym.trainers.recipe import run_training
+
+    base = ["run.resume=false", f"run.out_dir={out}", "eval.before=false", "eval.after=false", "log.progress=false",
+            "log.plot=false", "run.checkpoint_every=1000"]
+    cfg = load_train_config(config, base + overrides)
+    t0 = time.monotonic()
+    run_training(cfg)
+    wall = time.monotonic() - t0
+    rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return wall, rows
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def async_section(config: str, steps: int, staleness: list[int]) -> dict[str, Any]:
+    runs = []
+    for k in staleness:
+        wall, rows = _train(config, f"runs/bench-dataflow/async-k{k}", [f"dataflow.max_staleness={k}", f"run.steps={steps}"])
+        samples = sum(r.get("train/sequences", 0) or 0 for r in rows)
+        run = {"max_staleness": k, "steps": len(rows), "wall_s": round(wall, 1),
+               "trained_sequences": samples, "sequences_per_s": round(samples / wall, 3),
+               "reward_curve": [r.get("rollout/reward_mean") for r in rows],
+               "staleness_max": max((r.get("dataflow/staleness_max", 0) or 0 for r in rows), default=0),
+               "rollout_wait_s_mean": round(_mean([r.get("time/rollout_s", 0.0) for r in rows]), 2),
+               "train_s_mean": round(_mean([r.get("time/train_s", 0.0) for r in rows]), 2),
+               "publish_s_mean": round(_mean([r.get("time/publish_s", 0.0) for r in rows]), 2)}
+        tail = [x for x in run["reward_curve"][len(rows) // 2:] if x is not None]
+        run["reward_second_half_mean"] = round(_mean(tail), 4)
+        print(f"  max_staleness={k}: {run['wall_s']} s, {run['sequences_per_s']} seq/s, "
+              f"reward 2nd half {run['reward_second_half_mean']}", flush=True)
+        runs.append(run)
+    sync = runs[0]
+    r_s, t_s = sync["rollout_wait_s_mean"], sync["train_s_mean"] + sync["publish_s_mean"]
+    ideal = (r_s + t_s) / max(r_s, t_s) if max(r_s, t_s) > 0 else None
+    for run in runs:
+        run["speedup_vs_sync"] = round(sync["wall_s"] / run["wall_s"], 3)
+    return {"config": config, "runs": runs, "ideal_speedup_bound": round(ideal, 3) if ideal else None,
+            "ideal_note": "(rollout + train) / max(rollout, train) per synchronous step; on one 2-core machine "
+                          "rollout and training share the same cores, so overlap buys less than on separate GPUs"}
+
+
+def multi_section(config: str, steps: int) -> dict[str, Any]:
+    out = {}
+    for schedule, n in (("concurrent", steps), ("alternating", 2 * steps)):
+        wall, rows = _train(config, f"runs/bench-dataflow/multi-{schedule}", [f"multi.schedule={schedule}", f"run.steps={n}"])
+        per = {pid: sum(1 for r in rows if (r.get(f"{pid}/train/optimizer_steps") or 0) > 0) for pid in ("solver", "verifier")}
+        out[schedule] = {"steps": len(rows), "wall_s": round(wall, 1), "optimizer_steps": per,
+                         "s_per_optimizer_step_per_policy": round(wall / max(1, min(per.values())), 2)}
+        print(f"  {schedule}: {out[schedule]}", flush=True)
+    out["speedup_concurrent_vs_alternating"] = round(out["alternating"]["wall_s"] / out["concurrent"]["wall_s"], 3)
+    out["config"] = config
+    return out
+
+
 def _alfworld_tasks(n: int) -> list[str]:
     import agentgym
 
@@ -164,6 +230,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--latency", type=float, default=0.1, help="simulated policy latency per call (s)")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--config", default="configs/train/bench-async.toml", help="training config of the async section")
+    ap.add_argument("--multi-config", default="configs/train/solver-verifier-lora.toml")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per async run (multi: per policy)")
+    ap.add_argument("--staleness", default="0,1,2,4")
     args = ap.parse_args()
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
@@ -172,6 +242,11 @@ def main() -> None:
         t0 = os.getloadavg()
         if section == "elastic":
             res = asyncio.run(elastic(args.quick, args.latency, args.skip_vllm))
+        elif section == "async":
+            res = async_section(args.config, args.steps or (3 if args.quick else 12),
+                                [int(x) for x in args.staleness.split(",")])
+        elif section == "multi":
+            res = multi_section(args.multi_config, args.steps or (2 if args.quick else 6))
         else:
             raise SystemExit(f"unknown section {section!r}")
         res["command"] = f"python benchmarks/bench_dataflow.py --sections {section}" + (" --quick" if args.quick else "")

@@ -252,9 +252,13 @@ class MultiConfig(_Section):
         shared_base: Two LoRA adapters over one base model (needs ``model.finetune = "lora"``);
             otherwise two separate models.
         verifier_path: The verifier's model (defaults to ``model.path``).
+        schedule: ``"concurrent"``: every step trains both policies, each on its own batch (in parallel
+            threads when they are separate models); ``"alternating"``: step k trains only policy k mod 2
+            (the other's batch is rolled out and dropped), the baseline of one-policy-at-a-time setups.
     """
 
     workflow: Literal["none", "solver_verifier"] = "none"
+    schedule: Literal["concurrent", "alternating"] = "concurrent"
     shared_base: bool = False
     verifier_path: str | None = None
     verifier_max_tokens: int = Field(default=32, ge=1)

@@ -349,33 +349,13 @@ class Recipe:
         batches = {pid: await self._runtime.get_batch(pid) for pid in self.trainers}
         t1 = time.monotonic()
         rec: dict[str, Any] = {}
-        updated: list[str] = []
-        per: dict[str, Any] = {}
-        for pid, tr in self.trainers.items():
-            f, batch = self.cfg.filter, batches[pid]
-            groups = sorted(batch.all_groups, key=lambda g: g.group_id)  # a stable order, whatever finished first
-            samples, stats = samples_from_groups(groups, pid, estimator=self.cfg.advantage.estimator,
-                                                 eps=self.cfg.advantage.eps, mask_truncated=f.mask_truncated,
-                                                 overlong_max_tokens=f.overlong_max_tokens,
-                                                 overlong_buffer=f.overlong_buffer,
-                                                 overlong_penalty_value=f.overlong_penalty)
-            m: dict[str, Any] = {"rollout": stats.to_metrics(),
-                                 "dataflow": {"groups": len(batch.groups), "replayed": len(batch.replayed),
-                                              "filtered": batch.filtered, "expired": batch.expired,
-                                              "wait_s": batch.wait_s,
-                                              "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
-            if not samples:
-                assert self.logger is not None
-                self.logger.note(f"step {self.step}: every group was filtered for {pid} "
-                                 f"({batch.filtered} dropped by dynamic sampling; of {stats.groups} kept: "
-                                 f"{stats.zero_variance_groups} zero-variance, {stats.early_stopped_groups} "
-                                 f"early-stopped, {stats.error_episodes} lost episodes); no optimizer step")
-                m["train"] = {"optimizer_steps": 0, "skipped": "all groups filtered"}
-            else:
-                m["train"] = tr.train_on(samples)
-                if m["train"].get("optimizer_steps", 0) > 0:
-                    updated.append(pid)
-            per[pid] = m
+        pids = list(self.trainers)
+        if len(pids) > 1 and self.cfg.multi.schedule == "alternating":
+            pids = [pids[self.step % len(pids)]]
+        parallel = len(pids) > 1 and not self.cfg.multi.shared_base  # separate models: train side by side
+        results = await asyncio.gather(*(self._train_policy(pid, batches[pid], parallel) for pid in pids))
+        per = dict(zip(pids, results, strict=True))
+        updated = [pid for pid, m in per.items() if m["train"].get("optimizer_steps", 0) > 0]
         t2 = time.monotonic()
         if updated:
             self.version += 1
@@ -384,7 +364,7 @@ class Recipe:
             for pid in self.trainers:
                 await self._runtime.step_done(pid)
         t3 = time.monotonic()
-        if len(per) == 1:
+        if len(self.trainers) == 1:
             rec.update(next(iter(per.values())))
         else:
             rec.update(per)
@@ -392,6 +372,33 @@ class Recipe:
         rec["version"] = self.version
         rec["time"] = {"rollout_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2, "step_s": t3 - t0}
         return rec
+
+    async def _train_policy(self, pid: str, batch: Any, in_thread: bool) -> dict[str, Any]:
+        """Advantages, samples and one optimizer step for ``pid`` on its batch; returns its metrics."""
+        f, tr = self.cfg.filter, self.trainers[pid]
+        groups = sorted(batch.all_groups, key=lambda g: g.group_id)  # a stable order, whatever finished first
+        samples, stats = samples_from_groups(groups, pid, estimator=self.cfg.advantage.estimator,
+                                             eps=self.cfg.advantage.eps, mask_truncated=f.mask_truncated,
+                                             overlong_max_tokens=f.overlong_max_tokens,
+                                             overlong_buffer=f.overlong_buffer,
+                                             overlong_penalty_value=f.overlong_penalty)
+        m: dict[str, Any] = {"rollout": stats.to_metrics(),
+                             "dataflow": {"groups": len(batch.groups), "replayed": len(batch.replayed),
+                                          "filtered": batch.filtered, "expired": batch.expired,
+                                          "wait_s": batch.wait_s,
+                                          "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
+        if not samples:
+            assert self.logger is not None
+            self.logger.note(f"step {self.step}: every group was filtered for {pid} "
+                             f"({batch.filtered} dropped by dynamic sampling; of {stats.groups} kept: "
+                             f"{stats.zero_variance_groups} zero-variance, {stats.early_stopped_groups} "
+                             f"early-stopped, {stats.error_episodes} lost episodes); no optimizer step")
+            m["train"] = {"optimizer_steps": 0, "skipped": "all groups filtered"}
+        elif in_thread:
+            m["train"] = await asyncio.to_thread(tr.train_on, samples)
+        else:
+            m["train"] = tr.train_on(samples)
+        return m
 
     async def _sft_step(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -108,6 +108,36 @@ def test_solver_verifier_recipe_trains_both(tiny_model: str, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("shared", [True, False])
+def test_alternating_schedule_trains_one_policy_per_step(tiny_model: str, tmp_path: Path, shared: bool) -> None:
+    """The alternating baseline: step k trains only policy k mod 2; concurrent separate models train in threads."""
+    import tiny_lookup  # noqa: F401
+    from agentgym.trainers.recipe import Recipe
+
+    cfg = validate_config({
+        "run": {"out_dir": str(tmp_path / "run"), "steps": 2, "seed": 0, "checkpoint_every": 10},
+        "model": {"path": tiny_model, "finetune": "lora", "lora_rank": 4},
+        "multi": {"workflow": "solver_verifier", "shared_base": shared, "verifier_max_tokens": 6,
+                  "schedule": "alternating"},
+        "rollout": {"env": "agentgym/TinyLookup-v0", "group_size": 4, "groups_per_step": 2, "max_tokens": 8,
+                    "max_turns": 2},
+        "filter": {"dynamic_sampling": False},
+        "optim": {"lr": 1e-2},
+        "eval": {"before": False, "after": False},
+        "log": {"progress": False, "plot": False},
+    })
+    steps: list[dict[str, Any]] = []
+    r = Recipe(cfg, on_step=steps.append)
+    try:
+        r.setup()
+        asyncio.run(r._train())
+    finally:
+        r.cleanup()
+    assert [("solver/train/optimizer_steps" in s, "verifier/train/optimizer_steps" in s) for s in steps] == [
+        (True, False), (False, True)]
+    assert r.trainers["solver"].steps <= 1 and r.trainers["verifier"].steps <= 1
+
+
+@pytest.mark.parametrize("shared", [True, False])
 def test_multi_config_builds(tiny_model: str, tmp_path: Path, shared: bool) -> None:
     from agentgym.trainers.recipe import Recipe
 
