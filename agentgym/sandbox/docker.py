@@ -128,15 +128,16 @@ def ensure_empty_image(client: Any, tag: str = DEFAULT_IMAGE) -> None:
     client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=ver or "latest")
 
 
-def remove_stale_containers(client: Any) -> int:
-    """Remove sandbox containers whose owning process is gone (e.g. killed before ``close()``)."""
+def remove_stale_containers(client: Any, label: str = LABEL) -> int:
+    """Remove containers labelled ``label`` whose owning process is gone (e.g. killed before ``close()``)."""
     removed = 0
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = c.labels.get(f"{LABEL}.owner", "")
-        alive = owner.isdigit() and os.path.exists(f"/proc/{owner}")
-        if not alive:
+    # the low-level listing: the high-level one inspects each container, and another process or thread
+    # may remove one between the listing and the inspection (a 404 that is not an error here)
+    for c in client.api.containers(all=True, filters={"label": label}):
+        owner = (c.get("Labels") or {}).get(f"{label}.owner", "")
+        if not (owner.isdigit() and os.path.exists(f"/proc/{owner}")):
             with contextlib.suppress(Exception):
-                c.remove(force=True)
+                client.api.remove_container(c["Id"], force=True)
                 removed += 1
     return removed
 
