@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from agentgym.errors import ConfigurationError
-from agentgym.tools import ToolSet
+from agentgym.tools import ToolSet, check_arguments
 from agentgym.types import Message, ToolCall
 
 __all__ = [
@@ -107,14 +107,16 @@ def _normalise_call(obj: Any, index: int, tools: ToolSet | None) -> tuple[ToolCa
         return None, f"tool call #{index + 1} has no 'name' string"
     args: Any = fn.get("arguments", fn.get("parameters", {}))
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError) as e:
-            return None, f"arguments of {name} are not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
+        args, jerr = _loads(args) if args.strip() else ({}, None)
+        if jerr:
+            return None, f"arguments of {name} are not valid JSON ({jerr})"
     if args is None:
         args = {}
     if not isinstance(args, dict):
         return None, f"arguments of {name} must be a JSON object"
+    problem = check_arguments(args)
+    if problem is not None:
+        return None, f"invalid arguments for {name}: {problem}"
     if tools is not None and name not in tools:
         known = ", ".join(tools.names) or "(none)"
         return None, f"unknown tool {name!r}; available tools: {known}"
@@ -129,6 +131,8 @@ def _loads(text: str) -> tuple[Any, str | None]:
         return None, f"invalid JSON ({e.msg} at position {e.pos})"
     except RecursionError:
         return None, "invalid JSON (nested too deeply)"
+    except ValueError as e:  # e.g. an integer literal longer than Python's int conversion limit
+        return None, f"invalid JSON ({str(e).split(';')[0]})"
 
 
 def _structured(raw: list[Any], text: str, tools: ToolSet | None) -> ParsedAction:

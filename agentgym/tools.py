@@ -34,10 +34,46 @@ import pydantic
 from agentgym.errors import ConfigurationError, EnvError
 from agentgym.types import ToolCall, ToolSpec
 
-__all__ = ["Tool", "ToolResult", "ToolSet", "parse_google_docstring", "tool"]
+__all__ = ["Tool", "ToolResult", "ToolSet", "check_arguments", "parse_google_docstring", "tool"]
 
 _TOOL_ATTR = "__agentgym_tool__"
 MAX_TOOL_OUTPUT_CHARS = 100_000
+MAX_ARGUMENT_DEPTH = 64
+MAX_INT_DIGITS = 4300  # Python's default int <-> str conversion limit (sys.get_int_max_str_digits)
+_INT_LIMIT = 10**MAX_INT_DIGITS
+
+
+def check_arguments(args: Any) -> str | None:
+    """Why ``args`` is not a plain JSON object a tool can take, or ``None`` if it is.
+
+    Tool arguments must be JSON values: objects with string keys, arrays, strings, booleans,
+    ``null``, floats, and integers of at most 4,300 digits (a longer one cannot even be printed by
+    Python without raising, so it would crash whatever logs or renders the call). Nesting is capped.
+    """
+    if not isinstance(args, dict):
+        return "arguments must be a JSON object"
+    stack: list[tuple[Any, int]] = [(args, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+        if isinstance(v, bool) or v is None or isinstance(v, (str, float)):
+            continue
+        if isinstance(v, int):
+            if not -_INT_LIMIT < v < _INT_LIMIT:
+                return f"an argument holds an integer with more than {MAX_INT_DIGITS} digits"
+            continue
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    return "argument object keys must be strings"
+                stack.append((x, depth + 1))
+            continue
+        if isinstance(v, (list, tuple)):
+            stack.extend((x, depth + 1) for x in v)
+            continue
+        return f"arguments must be JSON values, not {type(v).__name__}"
+    return None
 
 
 def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str], str]:
@@ -281,8 +317,9 @@ class ToolSet:
             known = ", ".join(self._tools) or "(none)"
             return ToolResult(str(name), f"Error: unknown tool {name!r}. Available tools: {known}.", False, "unknown_tool")
         args = call.get("arguments")
-        if not isinstance(args, dict):
-            return ToolResult(name, f"Error: arguments for {name} must be a JSON object.", False, "bad_arguments")
+        problem = check_arguments(args)
+        if problem is not None:
+            return ToolResult(name, f"Error: invalid arguments for {name}: {problem}.", False, "bad_arguments")
         try:
             validated = t.args_model.model_validate(args)
         except pydantic.ValidationError as e:

@@ -322,7 +322,7 @@ def _tool_call(tc: dict[str, Any], index: int) -> ToolCall:
     if isinstance(args, str):
         try:
             parsed = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, or an integer past Python's digit limit
             return tc  # type: ignore[return-value]
         args = parsed
     if not isinstance(args, dict):

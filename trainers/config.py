@@ -92,13 +92,19 @@ class ModelConfig(_Section):
 
     Attributes:
         path: Known short name, model folder or hub id.
-        dtype: Training dtype of the weights (``bfloat16`` halves memory and is ~3x faster on CPU).
+        dtype: Training dtype of the weights (``bfloat16`` halves memory and is ~3x faster on CPU, but
+            an AdamW update smaller than ~1/256 of a weight rounds away: at RL learning rates
+            (1e-6..1e-5) most of the model never changes; use ``float32`` with ``autocast``).
+        autocast: Compute dtype of forward/backward under ``torch.autocast`` while the weights and the
+            optimizer stay in ``dtype`` (mixed precision: ``dtype = "float32"``, ``autocast =
+            "bfloat16"`` runs as fast as pure bf16 on a CPU with AMX/AVX512-BF16 and keeps small updates).
         finetune: ``"full"`` or ``"lora"`` (through ``peft``).
         lora_targets: Module names LoRA adapts (``"all-linear"`` or a list).
     """
 
     path: str = "smollm2-135m-instruct"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    autocast: Literal["bfloat16"] | None = None
     device: str = "cpu"
     finetune: Literal["full", "lora"] = "full"
     lora_rank: int = Field(default=16, ge=1)
@@ -238,12 +244,21 @@ class DataConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """Held-out evaluation through ``agentgym.eval`` (same protocol and summary as ``agentgym eval``)."""
+    """Held-out evaluation through ``agentgym.eval`` (same protocol and summary as ``agentgym eval``).
+
+    Attributes:
+        seeds: Eval seeds; the CI is over seeds. With ``temperature = 0`` on a deterministic env every
+            seed gives the same episodes (a zero-width CI says nothing): sample (``temperature > 0``)
+            to measure the spread.
+        sampling_seeds: Derive a sampling seed per (seed, task, turn) so a rerun reproduces the eval
+            (vLLM honours per-request seeds; HFPolicy draws seeded rows from their own generators).
+    """
 
     split: str = "test"
     tasks: int | None = Field(default=None, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0])
     temperature: float = Field(default=0.0, ge=0)
+    sampling_seeds: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
     max_turns: int | None = Field(default=None, ge=1)
     before: bool = True

@@ -203,7 +203,8 @@ class Recipe:
                     p.requires_grad_(False)
             self.trainers[pid] = PolicyTrainer(pid, models[pid], algorithm=cfg.run.algorithm, optim=cfg.optim,
                                                loss=cfg.loss, adapter=pid if lora else None, ref_model=ref,
-                                               total_steps=cfg.run.steps, seed=cfg.run.seed)
+                                               total_steps=cfg.run.steps, seed=cfg.run.seed,
+                                               autocast=_DT[m.autocast] if m.autocast else None)
             self.publishers[pid] = WeightPublisher(models[pid], pid if lora else None, dtype=rdt, mode="auto")
 
     def _build_rollout(self) -> None:
@@ -461,7 +462,7 @@ class Recipe:
         ec = RunnerEvalConfig(envs=[r.env], split=e.split, tasks=e.tasks, seeds=list(e.seeds),
                               max_turns=e.max_turns or r.max_turns, max_tokens=e.max_tokens or r.max_tokens,
                               temperature=e.temperature, concurrency=r.concurrency, env_kwargs=dict(r.env_kwargs),
-                              sampling_seeds=False, max_total_tokens=r.max_total_tokens)
+                              sampling_seeds=e.sampling_seeds, max_total_tokens=r.max_total_tokens)
         t0 = time.monotonic()
         summary = await arun_eval(policy, ec, self.out / "eval" / stage)
         ov = summary.get("overall", {})

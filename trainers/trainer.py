@@ -51,11 +51,14 @@ class PolicyTrainer:
             by disabling the adapter).
         total_steps: For the cosine schedule.
         seed: Shuffles mini-batches.
+        autocast: Run forward and backward under ``torch.autocast`` in this dtype (mixed precision:
+            the weights and optimizer state keep the model's dtype).
     """
 
     def __init__(self, policy_id: str, model: Any, *, algorithm: Literal["grpo", "sft"] = "grpo",
                  optim: OptimConfig | None = None, loss: LossConfig | None = None, adapter: str | None = None,
-                 ref_model: Any = None, total_steps: int = 0, seed: int = 0) -> None:
+                 ref_model: Any = None, total_steps: int = 0, seed: int = 0,
+                 autocast: torch.dtype | None = None) -> None:
         self.policy_id = policy_id
         self.model = model
         self.algorithm = algorithm
@@ -76,6 +79,7 @@ class PolicyTrainer:
         self.skipped_steps = 0
         self.bad_in_a_row = 0
         self.rng = random.Random(seed)
+        self.autocast = autocast
 
     # ------------------------------------------------------------------ schedule
     def _lr_factor(self, step: int) -> float:
@@ -97,6 +101,12 @@ class PolicyTrainer:
                 p.requires_grad_(True)
         yield
 
+    def _forward_ctx(self) -> contextlib.AbstractContextManager[Any]:
+        """Forward passes run under autocast when mixed precision is on (backward follows its dtypes)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch]:
         agg = "token-mean" if self.algorithm == "sft" else self.loss_cfg.aggregation
         weights = aggregation_weights([s.num_masked for s in samples], agg, self.loss_cfg.norm_len)
@@ -110,13 +120,14 @@ class PolicyTrainer:
         self.model.eval()
         try:
             for mb in mbs:
-                if reference and self.ref_model is not None:
-                    lp, _ = token_logprobs(self.ref_model, mb)
-                elif reference:  # LoRA: the base model is the reference
-                    with self.model.disable_adapter():
+                with self._forward_ctx():
+                    if reference and self.ref_model is not None:
+                        lp, _ = token_logprobs(self.ref_model, mb)
+                    elif reference:  # LoRA: the base model is the reference
+                        with self.model.disable_adapter():
+                            lp, _ = token_logprobs(self.model, mb)
+                    else:
                         lp, _ = token_logprobs(self.model, mb)
-                else:
-                    lp, _ = token_logprobs(self.model, mb)
                 out.append(lp.detach())
         finally:
             self.model.train(was)
@@ -168,7 +179,8 @@ class PolicyTrainer:
         finite = True
         for j, mb in enumerate(mbs):
             bonus = cfg.entropy_coef > 0 and self.algorithm == "grpo"
-            logp, ent = token_logprobs(self.model, mb, entropy=True, entropy_grad=bonus)  # [B, W-1]
+            with self._forward_ctx():
+                logp, ent = token_logprobs(self.model, mb, entropy=True, entropy_grad=bonus)  # [B, W-1]
             if self.algorithm == "sft":
                 per_tok = sft_loss(logp)
                 out = None

@@ -4,6 +4,11 @@
 --max-turns T --out DIR`` evaluates a policy with a recorded protocol (see
 :mod:`agentgym.eval.runner`); rerunning the same command resumes. ``agentgym report DIR... --out R``
 compares runs. Heavy imports happen inside the commands.
+
+Exit status of ``eval``: 0 when the run finished (some episodes may have failed: a warning says
+how many), 1 when *every* episode failed (an error, or no answer from the policy in time: the
+message shows the first error), 2 for bad arguments, 3 when ``--deadline`` stopped the run
+(rerun to resume), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ def _fail(msg: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def resolve_policy(spec: str) -> Policy:
+def resolve_policy(spec: str, *, request_timeout_s: float | None = None) -> Policy:
     """A policy from a spec string.
 
     ``py:module:attr`` imports ``attr`` (a Policy, or a zero-argument factory returning one);
     everything else goes to ``agentgym.policies.from_spec`` (``hf:...``, ``vllm:...``,
     ``openai:...``, ``expert``...). ``expert`` and ``hf:MODEL`` work even before that exists.
+    ``request_timeout_s`` becomes an ``openai:`` policy's per-request HTTP timeout.
     """
     from agentgym.errors import ConfigurationError
 
@@ -55,7 +61,10 @@ def resolve_policy(spec: str) -> Policy:
         policies = None
     from_spec = getattr(policies, "from_spec", None)
     if callable(from_spec):
-        return from_spec(spec)  # type: ignore[no-any-return]
+        kwargs: dict[str, Any] = {}
+        if request_timeout_s is not None and spec.strip().startswith("openai:"):
+            kwargs = {"timeout_s": request_timeout_s, "connect_timeout_s": min(5.0, request_timeout_s)}
+        return from_spec(spec, **kwargs)  # type: ignore[no-any-return]
     if spec == "expert":
         from agentgym.policies.scripted import ExpertPolicy
 
@@ -189,7 +198,34 @@ _CONFIG_KEYS = {
     "max_turns": int, "max_tokens": int, "max_total_tokens": int, "max_wall_s": float, "temperature": float,
     "top_p": float, "concurrency": int, "parser": str, "history": str, "env_kwarg": list,
     "retry_errors": bool, "sampling_seeds": bool, "batch_requests": bool, "quiet": bool,
+    "request_timeout": float, "deadline": float,
 }
+
+
+def _read_summary(out: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        data = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _failures(summary: dict[str, Any]) -> tuple[int, int, str]:
+    """``(failed, total, first error)`` over every env: an episode fails with an error, or when the
+    policy did not answer in time (truncated by ``policy_timeout``)."""
+    failed = total = 0
+    example = ""
+    for b in summary.get("envs", {}).values():
+        total += int(b.get("episodes", 0))
+        timeouts = int(b.get("truncated_reasons", {}).get("policy_timeout", 0))
+        failed += int(b.get("errors", 0)) + timeouts
+        if not example:
+            errors = b.get("error_examples") or []
+            example = str(errors[0]) if errors else ("the policy did not answer in time (policy_timeout)"
+                                                     if timeouts else "")
+    return failed, total, example
 
 
 def load_eval_config(path: Path) -> dict[str, Any]:
@@ -264,6 +300,12 @@ def register(app: typer.Typer) -> None:
         batch_requests: Annotated[bool, typer.Option("--batch-requests/--no-batch-requests",
                                                      help="Coalesce concurrent turns into batched policy calls.")] = True,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+        request_timeout: Annotated[float | None, typer.Option(
+            "--request-timeout", help="Seconds one policy request may take, retries included (an HTTP call's "
+            "timeout for openai: policies); past it the episode is truncated (policy_timeout). Default: 600.")] = None,
+        deadline: Annotated[float | None, typer.Option(
+            "--deadline", help="Seconds the whole run may take; then it stops, keeps what finished and exits "
+            "with status 3 (rerun to resume).")] = None,
     ) -> None:
         """Evaluate a policy over envs with a recorded protocol; writes episodes.jsonl and summary.json."""
         import asyncio
@@ -290,12 +332,16 @@ def register(app: typer.Typer) -> None:
                                                                 p["parser"], p["history"])
             env_kwarg, retry_errors, sampling_seeds, batch_requests, quiet = (
                 p["env_kwarg"], p["retry_errors"], p["sampling_seeds"], p["batch_requests"], p["quiet"])
+            request_timeout, deadline = p["request_timeout"], p["deadline"]
         missing = [n for n, v in (("--env", env), ("--policy", policy), ("--out", out)) if v is None]
         if missing:
             _fail(f"missing {', '.join(missing)} (give them on the command line or in --config).")
         assert env is not None and policy is not None and out is not None
         out = Path(out)
         try:
+            for name, value in (("--request-timeout", request_timeout), ("--deadline", deadline)):
+                if value is not None and not value > 0:
+                    raise typer.BadParameter(f"{name} must be a positive number of seconds, got {value}")
             split_name, split_overrides = _parse_split(split)
             seed_list = _parse_seeds(seeds)
             window = _parse_history(history)
@@ -306,6 +352,8 @@ def register(app: typer.Typer) -> None:
                 parser=parser, history_window=window, env_kwargs=_parse_kwargs(env_kwarg),
                 retry_errors=retry_errors, policy_spec=policy, sampling_seeds=sampling_seeds,
                 batch_requests=batch_requests)
+            if request_timeout is not None:
+                config.policy_timeout_s = float(request_timeout)
             config.validate()
             from agentgym.registration import env_entry
 
@@ -318,7 +366,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and not out.is_dir():
             _fail(f"--out {out} exists and is not a directory.")
         try:
-            pol = resolve_policy(policy)
+            pol = resolve_policy(policy, request_timeout_s=request_timeout)
         except AgentGymError as e:
             _fail(str(e))
         except Exception as e:  # a backend failing to load: say which and why
@@ -346,10 +394,11 @@ def register(app: typer.Typer) -> None:
 
         async def run_and_close() -> dict[str, Any]:
             try:
-                return await arun_eval(pol, config, out, progress=on_progress)
+                return await asyncio.wait_for(arun_eval(pol, config, out, progress=on_progress), deadline)
             finally:
                 await pol.aclose()  # the policy's lifecycle: engines, processes, connections
 
+        timed_out = False
         try:
             with progress:
                 summary = asyncio.run(run_and_close())
@@ -357,11 +406,27 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]interrupted[/]: finished episodes are in {out}/episodes.jsonl; "
                           "rerun the same command to resume.")
             raise typer.Exit(130) from None
+        except (TimeoutError, asyncio.TimeoutError):
+            timed_out = True
+            summary = _read_summary(out)
         except AgentGymError as e:
             _fail(str(e))
-        assert summary is not None
-        print_summary(summary)
-        typer.echo(f"wrote {out}/episodes.jsonl and {out}/summary.json")
+        if summary is not None:
+            print_summary(summary)
+            typer.echo(f"wrote {out}/episodes.jsonl and {out}/summary.json")
+        if timed_out:
+            done = sum(int(b.get("episodes", 0)) for b in (summary or {}).get("envs", {}).values())
+            console.print(f"[bold red]deadline reached[/]: the run was stopped after {deadline:g} s with {done} "
+                          f"episode(s) finished; rerun the same command to resume.", highlight=False)
+            raise typer.Exit(3)
+        failed, total, example = _failures(summary or {})
+        if total and failed == total:
+            console.print(f"[bold red]every episode failed[/] ({failed} of {total}: an error, or no answer from the "
+                          f"policy in time). First error: {example}", highlight=False)
+            raise typer.Exit(1)
+        if failed:
+            console.print(f"[yellow]{failed} of {total} episodes failed[/] (an error, or no answer from the policy "
+                          f"in time). First error: {example}", highlight=False)
 
     @app.command("report")
     def report_cmd(

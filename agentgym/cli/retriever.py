@@ -43,6 +43,14 @@ def serve_retriever_cmd(
     topk: Annotated[int, typer.Option("--topk", help="Passages per query when a request omits topk.")] = 3,
     mmap: Annotated[bool, typer.Option("--mmap", help="Memory-map a saved index instead of loading it.")] = False,
     kind: Annotated[str, typer.Option("--kind", help="Index to build from a corpus: bm25 or dense.")] = "bm25",
+    max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", help="Largest request body (413 "
+                                                   "beyond it).")] = 4 << 20,
+    rate_limit: Annotated[float, typer.Option("--rate-limit", help="Requests per second per client address "
+                                              "(429 beyond it); 0 = no limit.")] = 200.0,
+    burst: Annotated[int, typer.Option("--burst", help="Requests a client may send at once before "
+                                       "--rate-limit applies.")] = 400,
+    max_connections: Annotated[int, typer.Option("--max-connections", help="Connections served at once "
+                                                 "(503 beyond it).")] = 256,
 ) -> None:
     """Serve an index over HTTP with Search-R1's POST /retrieve API (and GET /health)."""
     import uvicorn
@@ -57,8 +65,14 @@ def serve_retriever_cmd(
     except AgentGymError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from e
+    if max_request_bytes < 1024 or rate_limit < 0 or burst < 1 or max_connections < 1:
+        console.print("[red]error:[/] need --max-request-bytes >= 1024, --rate-limit >= 0, --burst >= 1 and "
+                      "--max-connections >= 1")
+        raise typer.Exit(2)
     console.print(f"[green]serving[/] {index} on http://{host}:{port}/retrieve")
-    uvicorn.run(create_app(retriever, default_topk=topk), host=host, port=port, log_level="warning")
+    app = create_app(retriever, default_topk=topk, max_request_bytes=max_request_bytes, rate_per_s=rate_limit,
+                     burst=burst)
+    uvicorn.run(app, host=host, port=port, log_level="warning", limit_concurrency=max_connections)
 
 
 def build_index_cmd(

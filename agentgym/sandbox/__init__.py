@@ -4,15 +4,22 @@
 backend    isolation
 =========  ==========================================================================
 bwrap      Default. bubblewrap namespaces: no network, read-only system dirs, fresh tmpfs
-           work dir, new PID namespace, rlimits, cleared environment. ``warm=True`` keeps
-           pre-started workers that fork a fresh child per run (a few ms per run).
+           work dir, ``/tmp`` and ``/dev/shm``, new PID and IPC namespaces, rlimits,
+           seccomp, cleared environment. ``warm=True`` keeps pre-started workers that fork a
+           fresh child per run (a few ms per run).
 docker     Docker SDK: ``network_mode="none"``, memory/CPU/pids limits, read-only root with a
-           tmpfs work dir, a pool of warm containers driven with ``exec``.
-process    **Weaker fallback** for machines with neither: a subprocess with rlimits, a cleared
-           environment and a temp work dir. As root it also runs the program as a throw-away uid
-           in its own network namespace; as an ordinary user the program can reach the network,
+           tmpfs work dir, a pool of warm containers driven with ``exec``, host-side deadlines.
+process    **Weaker fallback** for machines with neither: a supervised subprocess with rlimits,
+           seccomp, a cleared environment and a temp work dir. As root it also runs the program
+           as a throw-away uid in its own network, IPC and mount namespaces (no network, private
+           ``/tmp`` and ``/dev/shm``); as an ordinary user the program can reach the network,
            read what that user can read and signal that user's processes.
 =========  ==========================================================================
+
+As root every backend runs programs as uids leased from :class:`~agentgym.sandbox._posix.UidPool`:
+no two runs, sessions, workers or containers on the machine share one, so cleaning up after
+one run never touches another. The README's *Security* section lists what each backend
+guarantees and what it does not.
 
 Example::
 

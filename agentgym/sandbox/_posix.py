@@ -1,18 +1,18 @@
-"""POSIX helpers for the bwrap and process backends: sandbox uids, rlimits, leftover cleanup."""
+"""POSIX helpers for the sandbox backends: sandbox uids, rlimits, leftover cleanup."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import math
 import os
 import resource
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
-__all__ = ["UidPool", "is_root", "kill_uid", "make_preexec"]
+__all__ = ["UidLease", "UidPool", "is_root", "kill_uid", "make_preexec"]
 
 CLONE_NEWNET = 0x40000000
 
@@ -21,33 +21,108 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+class UidLease:
+    """One uid held exclusively by this process until :meth:`release` (see :class:`UidPool`)."""
+
+    def __init__(self, uid: int, fd: int) -> None:
+        self.uid = uid
+        self._fd = fd
+
+    def release(self, *, clean: bool = False) -> None:
+        """Give the uid back. Unless ``clean`` (no process of it can be left), kill its processes first."""
+        if self._fd < 0:
+            return
+        if not clean:
+            kill_uid(self.uid)
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, b"0", 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = -1
+
+    def __enter__(self) -> int:
+        return self.uid
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class UidPool:
     """Hands out unprivileged uids for sandboxed runs when the host runs as root.
 
     Root ignores ``RLIMIT_NPROC`` (so a fork bomb would not be stopped) and may signal any
-    process, so sandboxed programs never run as root: each concurrent run gets its own uid from a
-    range derived from this process's pid, which also lets the process backend kill exactly the
-    run's leftovers.
+    process, so sandboxed programs never run as root. Each run (or session, warm worker, docker
+    container) gets a uid that no other sandbox instance, thread or process on this machine holds
+    at the same time: uid ``BASE + n`` is held by an exclusive ``flock`` on a lock file in a
+    root-only directory, which the kernel drops when the holder exits, however it exits. Killing
+    "every process of the run's uid" therefore only ever reaches that run. A lease left by a holder
+    that died is marked in use, and the next holder kills that uid's leftovers before using it.
     """
 
     BASE = 420_000
-    SLOTS = 64
+    SPAN = 4096  # also bounds the lock files kept in the lock dir
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free = list(range(self.SLOTS))
+    def __init__(self, lock_dir: str | None = None) -> None:
+        self._dir = lock_dir
+
+    def lease(self) -> UidLease:
+        """Lock a free uid (and clear any leftovers of a holder that died)."""
+        global _cursor
+        d = self._dir or _lock_dir()
+        with _cursor_lock:
+            start = _cursor
+            _cursor = (_cursor + 1) % self.SPAN
+        for i in range(self.SPAN):
+            n = (start + i) % self.SPAN
+            fd = os.open(os.path.join(d, f"uid-{self.BASE + n}"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if os.pread(fd, 1, 0) == b"1":
+                kill_uid(self.BASE + n)  # the last holder died while holding it
+            os.pwrite(fd, b"1", 0)
+            return UidLease(self.BASE + n, fd)
+        raise RuntimeError("every sandbox uid is in use")
 
     @contextlib.contextmanager
     def acquire(self) -> Iterator[int]:
-        with self._lock:
-            # FIFO: a uid whose last processes are still being torn down is reused last
-            slot = self._free.pop(0) if self._free else threading.get_ident() % self.SLOTS
+        """Context manager form of :meth:`lease`: the uid, released (its processes killed) at exit."""
+        lease = self.lease()
         try:
-            yield self.BASE + (os.getpid() % 4096) * self.SLOTS + slot
+            yield lease.uid
         finally:
-            with self._lock:
-                if slot not in self._free:
-                    self._free.append(slot)
+            lease.release()
+
+
+_cursor = (os.getpid() * 64) % UidPool.SPAN  # processes start probing at different uids
+_cursor_lock = threading.Lock()
+_lock_dir_path: str | None = None
+
+
+def _lock_dir() -> str:
+    """A directory only root can write: ``/run/agentgym/uids`` (or under the temp dir)."""
+    global _lock_dir_path
+    if _lock_dir_path is not None:
+        return _lock_dir_path
+    import stat
+    import tempfile
+
+    for base in ("/run", tempfile.gettempdir()):
+        d = os.path.join(base, f"agentgym-uids-{os.geteuid()}")
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        st = os.lstat(d)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            _lock_dir_path = d
+            return d
+    raise RuntimeError("no private directory for sandbox uid locks (tried /run and the temp dir)")
 
 
 def make_preexec(
@@ -122,11 +197,10 @@ def kill_uid(uid: int, wait_s: float = 2.0) -> int:
         time.sleep(0.01)
 
 
-def release_workdir(uid_cm: Any, uid: int | None, path: str) -> None:
-    """End a session: kill what its uid left running, return the uid to its pool, delete the work dir."""
+def release_workdir(lease: UidLease | None, path: str) -> None:
+    """End a session: kill what its uid left running, give the uid back, delete the work dir."""
     import shutil
 
-    if uid_cm is not None:
-        kill_uid(uid or 0)
-        uid_cm.__exit__(None, None, None)
+    if lease is not None:
+        lease.release()
     shutil.rmtree(path, ignore_errors=True)

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -243,7 +243,7 @@ class Captured:
 
 
 def communicate(
-    proc: subprocess.Popen[bytes],
+    proc: subprocess.Popen[bytes] | Any,
     *,
     stdin: bytes,
     timeout_s: float,
@@ -336,14 +336,23 @@ def communicate(
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
-    try:
-        rc: int | None = proc.wait(timeout=max(grace_s, 1.0))
-    except subprocess.TimeoutExpired:
-        kill()
+    rc: int | None = None
+    if not killed:  # the output is closed but the program may still run: it gets until its deadline
         try:
-            rc = proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
-            rc = None
+            rc = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill()
+            killed = True
+    if rc is None:
+        try:
+            rc = proc.wait(timeout=max(grace_s, 1.0))
+        except subprocess.TimeoutExpired:
+            kill()
+            try:
+                rc = proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
+                rc = None
     return Captured(bytes(out), bytes(err), rc, timed_out, truncated, time.monotonic() - t0)
 
 

@@ -1,21 +1,24 @@
 """The default backend: bubblewrap (``apt install bubblewrap``).
 
 Every run gets: no network (``--unshare-net``), read-only system directories, a fresh tmpfs
-working directory, new PID/IPC/UTS/user namespaces, rlimits on CPU time, address space,
-processes and file size, a cleared environment, and the whole process tree killed on timeout.
-When the host runs as root the program runs as an unprivileged uid (root ignores
-``RLIMIT_NPROC``).
+working directory and size-capped tmpfs ``/tmp`` and ``/dev/shm``, new PID/IPC/UTS/user
+namespaces, rlimits on CPU time, address space, processes and file size, ``no_new_privs``, a
+seccomp filter that denies ``ptrace`` and cross-process memory access, a cleared environment,
+and the whole process tree killed on timeout. When the host runs as root the program runs as an
+unprivileged uid that no other run holds at the same time (root ignores ``RLIMIT_NPROC``; see
+:class:`~agentgym.sandbox._posix.UidPool`).
 
 Two modes:
 
-* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms).
+* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms). A session's work dir
+  is a host directory bound as ``/work``; the host writes the run's files into it without ever
+  following a link a previous run planted there.
 * **warm** (``warm=True``): a pool of pre-started sandboxed workers (:mod:`._worker`); each run
-  forks a fresh child inside the worker's sandbox, in its own PID and mount namespace with fresh
-  tmpfs ``/work`` and ``/tmp``, capabilities dropped. No process or file survives a run. Python
-  programs run in the forked interpreter (``fresh_interpreter=True`` execs a new ``python3``).
-  Caveat: a forked run inherits the worker's heap, which may still hold bytes of earlier requests
-  sent to the same worker (programs, stdin); use ``fresh_interpreter=True`` or cold mode when runs
-  from different users must not see each other's inputs.
+  is read and run by a process forked from the worker (so no request or output ever enters the
+  memory later runs are forked from), in its own PID, mount and IPC namespaces with fresh tmpfs
+  ``/work``, ``/tmp`` and ``/dev/shm``, capabilities dropped. No process, file or IPC object
+  survives a run. Python programs run in a forked interpreter (``fresh_interpreter=True`` execs a
+  new ``python3``).
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from agentgym.errors import SandboxError, SandboxUnavailable
-from agentgym.sandbox._posix import UidPool, is_root, kill_uid, make_preexec, release_workdir
+from agentgym.sandbox._posix import UidLease, UidPool, is_root, make_preexec, release_workdir
+from agentgym.sandbox._worker import seccomp_program, write_files
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -123,7 +128,7 @@ def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None, 
         prefix = str(Path(py_real).parent.parent)
         args += ["--ro-bind", prefix, prefix]
     size = str(file_mb * 1024 * 1024)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp"]
     args += ["--bind", workdir, "/work"] if workdir else ["--size", size, "--tmpfs", "/work"]
     args += ["--chdir", "/work", "--clearenv"]
     for k, v in _ENV.items():
@@ -137,11 +142,12 @@ class BwrapSession:
     def __init__(self, box: BwrapSandbox) -> None:
         self._box = box
         self._dir = tempfile.mkdtemp(prefix="agentgym-bwrap-session-")
-        self._uid_cm = box._uids.acquire() if is_root() else None
-        self._uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
+        self._lease: UidLease | None = box._uids.lease() if is_root() else None
+        self._uid = self._lease.uid if self._lease is not None else None
         if self._uid is not None:
             os.chown(self._dir, self._uid, self._uid)
         os.chmod(self._dir, 0o700)
+        self._finalizer = weakref.finalize(self, release_workdir, self._lease, self._dir)
 
     @property
     def path(self) -> str:
@@ -151,13 +157,14 @@ class BwrapSession:
     def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
             max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        if not self._finalizer.alive:
+            raise SandboxError("this BwrapSession is closed")
         return self._box._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
                                    memory_mb=memory_mb, max_output_bytes=max_output_bytes,
                                    workdir=self._dir, uid=self._uid)
 
     def close(self) -> None:
-        release_workdir(self._uid_cm, self._uid, self._dir)
-        self._uid_cm = None
+        self._finalizer()
 
     def __enter__(self) -> BwrapSession:
         return self
@@ -171,8 +178,8 @@ class _Worker:
 
     def __init__(self, box: BwrapSandbox) -> None:
         self.box = box
-        self._uid_cm = box._uids.acquire() if is_root() else None
-        uid = self._uid_cm.__enter__() if self._uid_cm is not None else None
+        self._lease: UidLease | None = box._uids.lease() if is_root() else None
+        uid = self._lease.uid if self._lease is not None else None
         # No --die-with-parent: PR_SET_PDEATHSIG fires when the *thread* that started the worker
         # exits. The worker exits by itself when its control pipe closes (host exit or crash).
         args = _base_args(box.exe, box.python, box.file_mb, die_with_parent=False)
@@ -241,9 +248,9 @@ class _Worker:
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
-        if self._uid_cm is not None:
-            self._uid_cm.__exit__(None, None, None)
-            self._uid_cm = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
 class BwrapSandbox:
@@ -283,6 +290,9 @@ class BwrapSandbox:
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
+        # the finalizer holds the worker list: a live worker process stays reachable (never cyclic
+        # garbage) and is stopped when this sandbox is closed or collected
+        self._finalizer = weakref.finalize(self, _stop_workers, self._all, self._lock)
 
     # ------------------------------------------------------------------ public API
     def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
@@ -293,10 +303,19 @@ class BwrapSandbox:
         if self.warm:
             return self._run_warm(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
                                   memory_mb=memory_mb, max_output_bytes=max_output_bytes)
-        with self._uids.acquire() as uid:
+        if not is_root():
             return self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
-                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None,
-                                  uid=uid if is_root() else None)
+                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None, uid=None)
+        lease = self._uids.lease()
+        clean = False
+        try:
+            res = self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None, uid=lease.uid)
+            # bwrap exited normally: its PID namespace, and every process in it, is gone
+            clean = not (res.timed_out or res.truncated or res.exit_code is None)
+            return res
+        finally:
+            lease.release(clean=clean)
 
     def session(self) -> BwrapSession:
         """A session whose ``/work`` persists between runs (cold runs; processes never persist)."""
@@ -305,20 +324,13 @@ class BwrapSandbox:
     def close(self) -> None:
         """Stop the warm workers."""
         self._closed = True
-        with self._lock:
-            workers, self._all = self._all, []
-        for w in workers:
-            w.kill()
+        self._finalizer()
 
     def __enter__(self) -> BwrapSandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
     # ------------------------------------------------------------------ cold
     def _run_cold(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
@@ -332,15 +344,30 @@ class BwrapSandbox:
             inline = language == "bash" and len(program) < _INLINE_MAX  # no script file in the work dir
             if not inline:
                 all_files[name] = program.encode("utf-8")
-            for rel, data in all_files.items():
-                fd = os.memfd_create("agentgym-file", 0)
-                os.write(fd, data)
+            if workdir is not None:
+                # a session dir the program controls: written by the host, never through a link it planted
+                try:
+                    write_files(workdir, all_files, owner=uid)
+                except OSError as e:
+                    return ExecResult(stderr=f"sandbox: could not write the program's files: {e}", exit_code=126,
+                                      backend=self.name)
+            else:
+                for rel, data in all_files.items():
+                    fd = os.memfd_create("agentgym-file", 0)
+                    os.write(fd, data)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    memfds.append(fd)
+                    parent = os.path.dirname(rel)
+                    if parent:
+                        args += ["--dir", f"/work/{parent}"]
+                    args += ["--file", str(fd), f"/work/{rel}"]
+            seccomp = seccomp_program()
+            if seccomp:
+                fd = os.memfd_create("agentgym-seccomp", 0)
+                os.write(fd, seccomp)
                 os.lseek(fd, 0, os.SEEK_SET)
                 memfds.append(fd)
-                parent = os.path.dirname(rel)
-                if parent:
-                    args += ["--dir", f"/work/{parent}"]
-                args += ["--file", str(fd), f"/work/{rel}"]
+                args += ["--seccomp", str(fd)]
             if inline:
                 args += ["/bin/bash", "-c", program, "bash"]
             elif language == "bash":
@@ -360,8 +387,6 @@ class BwrapSandbox:
                 os.close(fd)
         cap = communicate(proc, stdin=as_bytes(stdin), timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                           kill=lambda: killpg(proc.pid))
-        if uid is not None and workdir is None and (cap.timed_out or cap.truncated or cap.returncode != 0):
-            kill_uid(uid)  # wait until the killed namespace is gone, so the uid's process count is back
         res = result_from(cap, self.name)
         if res.exit_code is not None and res.exit_code > 0 and cap.stderr.startswith(b"bwrap:"):
             raise SandboxError(f"bwrap failed: {cap.stderr.decode(errors='replace').strip()}")
@@ -423,6 +448,14 @@ class BwrapSandbox:
             duration_s=time.monotonic() - t0,
             backend=self.name,
         )
+
+
+def _stop_workers(workers: list[_Worker], lock: threading.Lock) -> None:
+    with lock:
+        stopping = list(workers)
+        workers.clear()
+    for w in stopping:
+        w.kill()
 
 
 def _check_language(language: str) -> None:

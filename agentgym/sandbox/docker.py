@@ -1,10 +1,14 @@
 """The Docker backend: a pool of warm, locked-down containers driven with ``exec``.
 
 Each container runs with ``network_mode="none"``, a read-only root filesystem, tmpfs ``/work``
-and ``/tmp``, memory / CPU / pids limits, all capabilities dropped, ``no-new-privileges`` and an
-unprivileged uid. Each run is one ``exec`` of a small bootstrap (:mod:`._worker` in ``boot``
-mode) that runs the program in a fresh directory, enforces the timeout and output cap, then
-kills every leftover process and wipes ``/tmp`` before the container goes back to the pool.
+and ``/tmp``, a ``/dev/shm`` capped at ``file_mb``, a private IPC namespace, memory / CPU / pids
+limits, all capabilities dropped, ``no-new-privileges`` and an unprivileged uid that no other
+sandbox on the machine holds at the same time. Each run is one ``exec`` of a small bootstrap
+(:mod:`._worker` in ``boot`` mode) that runs the program in a fresh directory under a seccomp
+filter, enforces the timeout and output cap, then kills every leftover process and wipes ``/tmp``,
+``/dev/shm`` and System V IPC objects before the container goes back to the pool. The host reads
+the bootstrap's answer with its own deadline (the run's timeout plus ``hang_margin_s``): a program
+that stops or blocks the bootstrap is killed by a second ``exec`` and the run reported as timed out.
 
 The image is configurable. Without a registry, the default ``agentgym-empty:latest`` is an empty
 image (built on first use, or with ``scripts/docker-test-image.sh``) into which the host's
@@ -19,10 +23,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
-import itertools
 import json
 import os
 import queue
+import select
+import struct
 import tarfile
 import threading
 import time
@@ -31,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, SandboxError, SandboxUnavailable
+from agentgym.sandbox._posix import UidLease, UidPool
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -60,7 +66,7 @@ _INIT = (
     "            if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
     "        except ChildProcessError: break\n"
 )
-_uid_counter = itertools.count()
+_MARKER = b"\n@@AGENTGYM@@"
 
 
 def _client(timeout: float = 10.0) -> Any:
@@ -68,10 +74,27 @@ def _client(timeout: float = 10.0) -> Any:
         import docker
     except ImportError as e:
         raise DependencyNotInstalled("the docker sandbox", "agentgym[docker]") from e
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):  # check the socket ourselves: the SDK leaks one on a failed connect
+        import socket
+
+        try:
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(min(float(timeout), 5.0))
+                probe.connect(host[len("unix://"):])
+        except OSError as e:
+            raise SandboxUnavailable(
+                f"cannot reach the Docker engine at {host} ({type(e).__name__}: {e}). Start it (e.g. "
+                "`scripts/dockerd-start.sh`, or `dockerd --bridge=none --iptables=false &` as root) "
+                "or use get_sandbox('bwrap').") from None
+    client = None
     try:
         client = docker.from_env(timeout=int(timeout))
         client.ping()
     except Exception as e:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()  # its connection pool would otherwise leak a socket
         raise SandboxUnavailable(
             f"cannot reach the Docker engine ({type(e).__name__}: {e}). Start it (e.g. "
             "`scripts/dockerd-start.sh`, or `dockerd --bridge=none --iptables=false &` as root) "
@@ -105,15 +128,16 @@ def ensure_empty_image(client: Any, tag: str = DEFAULT_IMAGE) -> None:
     client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=ver or "latest")
 
 
-def remove_stale_containers(client: Any) -> int:
-    """Remove sandbox containers whose owning process is gone (e.g. killed before ``close()``)."""
+def remove_stale_containers(client: Any, label: str = LABEL) -> int:
+    """Remove containers labelled ``label`` whose owning process is gone (e.g. killed before ``close()``)."""
     removed = 0
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = c.labels.get(f"{LABEL}.owner", "")
-        alive = owner.isdigit() and os.path.exists(f"/proc/{owner}")
-        if not alive:
+    # the low-level listing: the high-level one inspects each container, and another process or thread
+    # may remove one between the listing and the inspection (a 404 that is not an error here)
+    for c in client.api.containers(all=True, filters={"label": label}):
+        owner = (c.get("Labels") or {}).get(f"{label}.owner", "")
+        if not (owner.isdigit() and os.path.exists(f"/proc/{owner}")):
             with contextlib.suppress(Exception):
-                c.remove(force=True)
+                client.api.remove_container(c["Id"], force=True)
                 removed += 1
     return removed
 
@@ -134,6 +158,10 @@ class DockerSession:
         res, ok = self._box._exec(self._container, program, language=language, stdin=stdin, files=files,
                                   timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
                                   workdir=self._dir)
+        if not ok:  # the container could not be cleaned up: carry on in a fresh one (the files are lost)
+            self._box._discard(self._container)
+            self._container = self._box._take()
+            res.stderr += "\n[the sandbox was reset: files of earlier runs are gone]"
         return res
 
     def close(self) -> None:
@@ -162,7 +190,9 @@ class DockerSandbox:
         pids_limit: Processes per container (stops fork bombs).
         nproc: Per-run process rlimit.
         file_mb: Size of the tmpfs ``/work`` and ``/tmp``, and largest file.
-        api_timeout_s: Extra seconds allowed for the Docker API on top of a run's timeout.
+        api_timeout_s: Timeout of Docker API calls (starting containers and execs).
+        hang_margin_s: A run whose bootstrap has not answered this long after its timeout is
+            killed from outside and reported as timed out.
     """
 
     name = "docker"
@@ -170,7 +200,7 @@ class DockerSandbox:
     def __init__(self, *, image: str = DEFAULT_IMAGE, pool_size: int = 2,
                  host_mounts: Sequence[str] = ("/usr", "/lib", "/lib64", "/bin", "/etc/alternatives"), python: str = "/usr/bin/python3",
                  container_memory_mb: int = 1024, cpus: float = 1.0, pids_limit: int = 128, nproc: int = 64,
-                 file_mb: int = 64, api_timeout_s: float = 30.0) -> None:
+                 file_mb: int = 64, api_timeout_s: float = 30.0, hang_margin_s: float = 2.0) -> None:
         self.image = image
         self.python = python
         self.host_mounts = tuple(m for m in host_mounts if os.path.exists(m))
@@ -180,6 +210,9 @@ class DockerSandbox:
         self.nproc = int(nproc)
         self.file_mb = int(file_mb)
         self.api_timeout_s = float(api_timeout_s)
+        self.hang_margin_s = float(hang_margin_s)
+        self._uids = UidPool()
+        self._leases: dict[str, UidLease] = {}
         self._client = _client(timeout=120)
         with contextlib.suppress(Exception):
             remove_stale_containers(self._client)
@@ -197,7 +230,8 @@ class DockerSandbox:
 
     # ------------------------------------------------------------------ containers
     def _start(self) -> Any:
-        uid = 430_000 + (os.getpid() % 4096) * 64 + next(_uid_counter) % 64
+        lease = self._uids.lease()
+        uid = lease.uid
         size = f"size={self.file_mb}m,uid={uid},gid={uid},mode=0700"
         try:
             c = self._client.containers.run(
@@ -220,14 +254,17 @@ class DockerSandbox:
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 ipc_mode="private",
+                shm_size=f"{self.file_mb}m",
                 hostname="sandbox",
                 auto_remove=False,
             )
         except Exception as e:
+            lease.release(clean=True)
             raise SandboxUnavailable(f"could not start a sandbox container from {self.image!r}: {e}. "
                                      "Build the test image with scripts/docker-test-image.sh.") from e
         with self._lock:
             self._live.add(c.id)
+            self._leases[c.id] = lease
         return c
 
     def _take(self) -> Any:
@@ -249,6 +286,9 @@ class DockerSandbox:
             c.remove(force=True)
         with self._lock:
             self._live.discard(c.id)
+            lease = self._leases.pop(c.id, None)
+        if lease is not None:
+            lease.release(clean=True)  # the container and every process in it are gone
 
     @contextlib.contextmanager
     def _container(self) -> Iterator[Any]:
@@ -299,19 +339,26 @@ class DockerSandbox:
         chunks = [payload[i : i + _MAX_ARG] for i in range(0, len(payload), _MAX_ARG)] or [""]
         cmd = [self.python, "-I", "-S", "-c", self._boot_src, "boot", *chunks]
         t0 = time.monotonic()
-        api = self._client.api
+        deadline = t0 + float(timeout_s) + self.hang_margin_s
         try:
-            ex = api.exec_create(c.id, cmd, stdout=True, stderr=True, workdir="/work")
-            raw = self._exec_start(ex["Id"], timeout_s + self.api_timeout_s)
+            raw = self._run_exec(c, cmd, deadline, limit=4 * int(max_output_bytes) + (1 << 20))
         except Exception as e:
             return ExecResult(stderr=f"sandbox container failed: {type(e).__name__}: {e}",
                               duration_s=time.monotonic() - t0, backend=self.name), False
-        marker = raw.rfind(b"\n@@AGENTGYM@@")
+        if raw is None:  # the bootstrap did not answer by the deadline: the program stopped or blocked it
+            healthy = self._kill_runs(c, wipe_work=workdir is None)
+            return ExecResult(stderr="[the run did not end by its deadline and was killed from outside]",
+                              timed_out=True, duration_s=time.monotonic() - t0, backend=self.name), healthy
+        marker = raw.rfind(_MARKER)
         if marker < 0:
             tail = raw[-2000:].decode(errors="replace")
             return ExecResult(stderr=f"sandbox bootstrap failed: {tail}", duration_s=time.monotonic() - t0,
                               backend=self.name), False
-        resp = json.loads(raw[marker + len(b"\n@@AGENTGYM@@") :])
+        try:
+            resp = json.loads(raw[marker + len(_MARKER) :])
+        except ValueError:
+            return ExecResult(stderr="sandbox bootstrap sent a malformed answer", duration_s=time.monotonic() - t0,
+                              backend=self.name), False
         if resp.get("error"):
             raise SandboxError(f"docker sandbox bootstrap error: {resp['error']}")
         stderr = str(resp["stderr"])
@@ -323,22 +370,51 @@ class DockerSandbox:
                           oom=oom and not timed_out, truncated=bool(resp["truncated"]),
                           duration_s=time.monotonic() - t0, backend=self.name), True
 
-    def _exec_start(self, exec_id: str, timeout_s: float) -> bytes:
-        """Start an exec and read its (stdout) stream, with a socket timeout."""
-        sock = self._client.api.exec_start(exec_id, socket=True, demux=False)
-        raw_sock = getattr(sock, "_sock", sock)
-        raw_sock.settimeout(timeout_s)
-        from docker.utils.socket import frames_iter
+    def _run_exec(self, c: Any, cmd: list[str], deadline: float, limit: int) -> bytes | None:
+        """Run ``cmd`` in ``c``; its stdout, or ``None`` if it has not finished by ``deadline``.
 
+        Reads Docker's multiplexed stream itself, with a deadline on every wait (the SDK's reader
+        polls without one), and never keeps more than ``limit`` bytes.
+        """
+        api = self._client.api
+        ex = api.exec_create(c.id, cmd, stdout=True, stderr=True, workdir="/work")
+        sock = api.exec_start(ex["Id"], socket=True, demux=False)
+        raw_sock = getattr(sock, "_sock", sock)
+        buf = bytearray()
         out = bytearray()
         try:
-            for stream, data in frames_iter(sock, tty=False):
-                if stream == 1:
-                    out += data
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                ready, _, _ = select.select([raw_sock], [], [], left)
+                if not ready:
+                    return None
+                raw_sock.settimeout(max(0.1, left))
+                chunk = raw_sock.recv(65536)
+                if not chunk:
+                    return bytes(out)
+                buf += chunk
+                while len(buf) >= 8:
+                    stream, size = struct.unpack(">BxxxL", bytes(buf[:8]))
+                    if len(buf) < 8 + size:
+                        break
+                    if stream == 1 and len(out) < limit:
+                        out += buf[8 : 8 + min(size, limit - len(out))]
+                    del buf[: 8 + size]
         finally:
-            with contextlib.suppress(Exception):
-                sock.close()
-        return bytes(out)
+            for f in (sock, raw_sock):  # the exec hijacked the connection: close the socket itself too
+                with contextlib.suppress(Exception):
+                    f.close()
+
+    def _kill_runs(self, c: Any, *, wipe_work: bool) -> bool:
+        """Kill every process in ``c`` from a second exec and wipe its scratch space; False if that failed."""
+        cmd = [self.python, "-I", "-S", "-c", self._boot_src, "kill", "work" if wipe_work else "keep"]
+        try:
+            raw = self._run_exec(c, cmd, time.monotonic() + 10.0, limit=1 << 16)
+        except Exception:
+            return False
+        return raw is not None and raw.rstrip().endswith(_MARKER + b"{}")
 
     def session(self) -> DockerSession:
         """A session whose directory persists between runs; holds one container until closed."""

@@ -69,16 +69,19 @@ def evaluate_submission(box: Sandbox, task: TaskSpec, code: str, *, timeout_s: f
                 first_fail = f"test {i + 1} failed" + (" (timed out)" if r.timed_out else "") + (
                     f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else "")
         return T.TestOutcome(passed, len(cases), first_fail)
-    program, nonce, total = T.build_function_harness(code, d.get("setup", ""), d["tests"])
-    r = box.run(program, stdin=nonce + "\n", timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=4 << 20)
-    passed, done = T.parse_harness_output(r.stdout, nonce, total)
+    h = T.build_function_harness(code, d.get("setup", ""), d["tests"])
+    r = box.run(h.program, stdin=h.stdin, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=4 << 20)
+    passed, done = T.parse_harness_output(r.stdout, h.nonce, h.total)
     report = ""
-    if not done:
+    load_error = next((ln for ln in r.stderr.splitlines() if ln.startswith("your code failed to load:")), "")
+    if load_error:
+        report = load_error[0].upper() + load_error[1:]
+    elif not done:
         report = "the tests did not finish" + (" (timed out)" if r.timed_out else "")
         tail = r.stderr.strip().splitlines()
         if tail:
             report += f": {tail[-1]}"
-    return T.TestOutcome(passed, total, report)
+    return T.TestOutcome(passed, h.total, report)
 
 
 class CodeEnv(AgentEnv):

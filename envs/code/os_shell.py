@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, SandboxError, SandboxUnavailable
+from agentgym.sandbox.docker import remove_stale_containers as _remove_stale
 
 __all__ = ["LABEL", "OSContainer", "ScriptResult", "Shell", "ShellResult", "docker_client", "remove_stale_containers"]
 
@@ -60,14 +61,7 @@ def docker_client(timeout: float = 120.0) -> Any:
 
 def remove_stale_containers(client: Any) -> int:
     """Remove OS-v0 containers whose owning process is gone (killed before it could clean up)."""
-    removed = 0
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = c.labels.get(f"{LABEL}.owner", "")
-        if not (owner.isdigit() and os.path.exists(f"/proc/{owner}")):
-            with contextlib.suppress(Exception):
-                c.remove(force=True)
-                removed += 1
-    return removed
+    return _remove_stale(client, LABEL)
 
 
 @dataclass

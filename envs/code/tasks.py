@@ -29,6 +29,7 @@ from agentgym.loading import LoadReport
 from agentgym.types import TaskSpec
 
 __all__ = [
+    "FunctionHarness",
     "TestOutcome",
     "build_function_harness",
     "generated_tasks",
@@ -68,37 +69,39 @@ def _has_assert(src: str) -> bool:
     return False
 
 
-def build_function_harness(solution: str, setup: str, tests: Sequence[str]) -> tuple[str, str, int]:
-    """The program that runs ``tests`` after ``solution``; returns ``(program, nonce, n_counted)``.
+@dataclass(frozen=True)
+class FunctionHarness:
+    """A hidden-test run: run ``program`` with ``stdin`` in a sandbox, then :func:`parse_harness_output`.
 
-    Each test statement that contains an ``assert`` counts once and is wrapped in try/except;
-    other statements (helpers, imports) run unwrapped. Results are reported on a private copy of
-    stdout, tagged with a nonce read from stdin before the solution runs, so the solution's own
-    output or an early ``exit(0)`` cannot fake a pass. (It is not a defence against code that
-    deliberately inspects the harness.)
+    Attributes:
+        program: The test driver (the same for every task; it holds no tests).
+        stdin: The nonce and the tests, fed to the driver's stdin (never written to a file).
+        nonce: Tags the driver's result lines.
+        total: How many test statements count (those with an ``assert``).
     """
-    nonce = secrets.token_hex(8)
-    lines = [
-        "import os as _ag_os, sys as _ag_sys",
-        "_ag_fd = _ag_os.dup(1)",
-        "def _ag_report(i, ok, _n=_ag_sys.stdin.readline().strip(), _fd=_ag_fd, _w=_ag_os.write):",
-        "    _w(_fd, ('\\n@@AG %s %s %d\\n' % (_n, i, ok)).encode())",
-        "del _ag_os, _ag_sys, _ag_fd",
-        solution,
-        "",
-    ]
-    if setup.strip():
-        lines += [setup, ""]
-    counted = 0
-    for t in tests:
-        if not _has_assert(t):
-            lines += [t, ""]
-            continue
-        body = "\n".join("    " + ln for ln in t.splitlines()) or "    pass"
-        lines += ["try:", body, f"    _ag_report({counted}, 1)", "except Exception:", f"    _ag_report({counted}, 0)", ""]
-        counted += 1
-    lines.append("_ag_report('done', 1)")
-    return "\n".join(lines) + "\n", nonce, counted
+
+    program: str
+    stdin: str
+    nonce: str
+    total: int
+
+
+_DRIVER = resources.files(__package__).joinpath("harness_driver.py").read_text(encoding="utf-8")
+
+
+def build_function_harness(solution: str, setup: str, tests: Sequence[str]) -> FunctionHarness:
+    """The run that checks ``solution`` against ``tests`` (see ``harness_driver.py``).
+
+    Each test statement that contains an ``assert`` counts once and runs in a try/except; other
+    statements (helpers, imports) run unwrapped. The tests run in a trusted driver process; the
+    solution runs in a separate fresh interpreter and is reached only through plain-data calls, so
+    it cannot read the tests, write the results, or pass a comparison with a value that lies about
+    equality. Results are reported on the driver's stdout, tagged with a per-run nonce.
+    """
+    nonce = secrets.token_hex(16)
+    counted = [_has_assert(t) for t in tests]
+    spec = {"solution": solution, "setup": setup, "tests": list(tests), "counted": counted}
+    return FunctionHarness(_DRIVER, nonce + "\n" + json.dumps(spec), nonce, sum(counted))
 
 
 def parse_harness_output(stdout: str, nonce: str, total: int) -> tuple[int, bool]:

@@ -8,15 +8,22 @@ The wire format is Search-R1's ``retrieval_server.py``::
 With ``return_scores: false`` each inner list holds the documents themselves. ``contents`` follows
 the wiki-18 convention: the title (in double quotes) on the first line, the text after it. The app
 also answers ``GET /health``.
+
+The server protects itself: a request body over ``max_request_bytes`` gets ``413`` (read no further
+than the limit, whatever ``Content-Length`` claims), and each client address may send
+``rate_per_s`` requests per second on average (bursts up to ``burst``), beyond which it gets
+``429`` with ``Retry-After``. The client retries a ``429`` after the time the server asks for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +37,9 @@ __all__ = ["RemoteRetriever", "RetrieverServer", "create_app", "hit_to_document"
 MAX_QUERIES_PER_REQUEST = 4096
 MAX_TOPK = 100
 MAX_QUERY_CHARS = 4096
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+DEFAULT_RATE_PER_S = 200.0
+DEFAULT_BURST = 400
 
 
 def parse_contents(contents: str) -> tuple[str, str]:
@@ -87,6 +97,10 @@ class RemoteRetriever:
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port
         self._path = parts.path or "/retrieve"
         self._local = threading.local()  # one keep-alive connection per thread
+        self._retry_after = 0.0
+        self._conns: list[http.client.HTTPConnection] = []  # every thread's, closed by close() or at collection
+        self._conns_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _close_all, self._conns, self._conns_lock)
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -94,6 +108,8 @@ class RemoteRetriever:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             conn = cls(self._host, self._port, timeout=self.timeout_s)
             self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
         return conn
 
     def _drop(self) -> None:
@@ -101,6 +117,8 @@ class RemoteRetriever:
         if conn is not None:
             conn.close()
             self._local.conn = None
+            with self._conns_lock, contextlib.suppress(ValueError):
+                self._conns.remove(conn)
 
     def _post(self, body: bytes) -> tuple[int, bytes]:
         conn = self._conn()
@@ -111,12 +129,17 @@ class RemoteRetriever:
         except BaseException:
             self._drop()
             raise
+        ra = resp.getheader("Retry-After") or ""
+        self._retry_after = float(ra) if ra.replace(".", "", 1).isdigit() else 0.0
         if resp.will_close:
             self._drop()
         return resp.status, data
 
     def close(self) -> None:
-        self._drop()
+        """Close every thread's connection."""
+        self._local = threading.local()
+        self._finalizer()
+        self._finalizer = weakref.finalize(self, _close_all, self._conns, self._conns_lock)
 
     def __enter__(self) -> RemoteRetriever:
         return self
@@ -139,6 +162,13 @@ class RemoteRetriever:
             if status >= 500:
                 last = f"HTTP {status}"
                 continue
+            if status == 429:  # rate-limited: wait as long as the server asks (bounded), then retry
+                last = "HTTP 429 (rate limited)"
+                time.sleep(min(self.timeout_s, max(self.backoff_s, self._retry_after)))
+                continue
+            if status == 413:
+                raise RetrievalError(f"{self.url} refused the request as too large (HTTP 413); send fewer or shorter "
+                                     "queries per call.")
             if status >= 400:
                 raise RetrievalError(f"{self.url} rejected the request: HTTP {status} {data[:200].decode(errors='replace')}")
             try:
@@ -167,6 +197,15 @@ class RemoteRetriever:
         return self.batch_search([query], k)[0]
 
 
+def _close_all(conns: list[http.client.HTTPConnection], lock: threading.Lock) -> None:
+    with lock:
+        closing = list(conns)
+        conns.clear()
+    for c in closing:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
 class QueryRequest(BaseModel):
     """The body of ``POST /retrieve``: ``queries`` (Search-R1), or ``query`` (SkyRL's client sends one string)."""
 
@@ -183,8 +222,97 @@ class QueryRequest(BaseModel):
         return list(self.query or [])
 
 
-def create_app(retriever: Retriever, *, default_topk: int = 3) -> Any:
-    """A FastAPI app serving ``retriever`` with Search-R1's ``/retrieve`` API."""
+class _Limits:
+    """ASGI middleware: cap request bodies and rate-limit each client address (token bucket)."""
+
+    def __init__(self, app: Any, *, max_request_bytes: int, rate_per_s: float, burst: int) -> None:
+        self.app = app
+        self.max_request_bytes = int(max_request_bytes)
+        self.rate_per_s = float(rate_per_s)
+        self.burst = max(1.0, float(burst))
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, last refill)
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.rate_per_s > 0:
+            wait = self._take((scope.get("client") or ("?", 0))[0])
+            if wait > 0:
+                await _reply(send, 429, {"detail": "too many requests; slow down"},
+                             {"retry-after": f"{max(wait, 0.01):.2f}"})
+                return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_request_bytes):
+            await _reply(send, 413, {"detail": f"request body over {self.max_request_bytes} bytes"})
+            return
+        received = 0
+        too_big = False
+
+        async def limited_receive() -> Any:
+            nonlocal received, too_big
+            msg = await receive()
+            if msg.get("type") == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.max_request_bytes:
+                    too_big = True
+                    return {"type": "http.disconnect"}
+            return msg
+
+        sent = False
+
+        async def tracking_send(msg: Any) -> None:
+            nonlocal sent
+            if too_big:
+                return
+            sent = True
+            await send(msg)
+
+        await self.app(scope, limited_receive, tracking_send)
+        if too_big and not sent:
+            await _reply(send, 413, {"detail": f"request body over {self.max_request_bytes} bytes"})
+
+    def _take(self, client: str) -> float:
+        """Spend a token of ``client``'s bucket; 0 if allowed, else seconds until one is free."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate_per_s)
+            if tokens >= 1.0:
+                self._buckets[client] = (tokens - 1.0, now)
+                return 0.0
+            self._buckets[client] = (tokens, now)
+            if len(self._buckets) > 100_000:  # forget idle clients
+                self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
+            return (1.0 - tokens) / self.rate_per_s
+
+
+async def _reply(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    data = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    hdrs += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": data})
+
+
+def create_app(retriever: Retriever, *, default_topk: int = 3, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               rate_per_s: float = DEFAULT_RATE_PER_S, burst: int = DEFAULT_BURST) -> Any:
+    """An ASGI app serving ``retriever`` with Search-R1's ``/retrieve`` API.
+
+    Args:
+        retriever: What to serve.
+        default_topk: ``topk`` when a request omits it.
+        max_request_bytes: Largest request body accepted (413 beyond it).
+        rate_per_s: Requests per second each client address may send on average (429 beyond it);
+            0 turns rate limiting off.
+        burst: How many requests a client may send at once before the rate applies.
+    """
+    app = _create_fastapi(retriever, default_topk=default_topk)
+    return _Limits(app, max_request_bytes=max_request_bytes, rate_per_s=rate_per_s, burst=burst)
+
+
+def _create_fastapi(retriever: Retriever, *, default_topk: int) -> Any:
     from fastapi import FastAPI, HTTPException
     from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse
@@ -236,10 +364,12 @@ class RetrieverServer:
         port: 0 picks a free port.
         default_topk: ``topk`` when a request omits it.
         startup_timeout_s: How long :meth:`start` waits for the server to accept requests.
+        max_request_bytes / rate_per_s / burst: The server's limits (see :func:`create_app`).
     """
 
     def __init__(self, retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3,
-                 startup_timeout_s: float = 20.0) -> None:
+                 startup_timeout_s: float = 20.0, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: int = DEFAULT_BURST) -> None:
         import socket
 
         import uvicorn
@@ -248,8 +378,9 @@ class RetrieverServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = host, int(self._sock.getsockname()[1])
-        config = uvicorn.Config(create_app(retriever, default_topk=default_topk), log_level="warning",
-                                access_log=False, lifespan="off")
+        app = create_app(retriever, default_topk=default_topk, max_request_bytes=max_request_bytes,
+                         rate_per_s=rate_per_s, burst=burst)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread: Any = None
         self._startup_timeout_s = startup_timeout_s

@@ -61,9 +61,7 @@ import math
 import os
 import re
 import sqlite3
-import unicodedata
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -72,7 +70,8 @@ from agentgym.loading import LoadReport
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
-from .db import PAGE_SIZE, EpisodeDB, answers_match, table_state_hash
+from .db import PAGE_SIZE, EpisodeDB, answers_match
+from .db_worker import mysql_ci
 from .env import BaseSQLEnv, _need_path, _SnapshotCache
 
 __all__ = [
@@ -297,7 +296,17 @@ def _md5(text: str) -> str:
     return hashlib.md5(text.encode("utf-8", "surrogateescape"), usedforsecurity=False).hexdigest()
 
 
-def table_md5(conn: sqlite3.Connection, name: str, columns: Sequence[str], styles: Sequence[str]) -> str:
+def _select(source: sqlite3.Connection | EpisodeDB, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of a trusted query, from a local connection or an episode database (in its worker)."""
+    if isinstance(source, EpisodeDB):
+        res = source.run(sql)
+        if not res.ok:
+            raise sqlite3.OperationalError(res.error)
+        return res.rows
+    return source.execute(sql).fetchall()
+
+
+def table_md5(conn: sqlite3.Connection | EpisodeDB, name: str, columns: Sequence[str], styles: Sequence[str]) -> str:
     """AgentBench's MySQL hash of one table (``"None"`` for an empty table, as MySQL's NULL prints).
 
     ``MD5(GROUP_CONCAT(rowhash ORDER BY rowhash))`` with ``rowhash = SUBSTRING(MD5(CONCAT_WS(',',
@@ -306,7 +315,7 @@ def table_md5(conn: sqlite3.Connection, name: str, columns: Sequence[str], style
     """
     cols = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
     try:
-        rows = conn.execute(f'SELECT {cols} FROM "{name.replace(chr(34), chr(34) * 2)}"').fetchall()
+        rows = _select(conn, f'SELECT {cols} FROM "{name.replace(chr(34), chr(34) * 2)}"')
     except sqlite3.Error as e:
         return f"<error: {e}>"
     if not rows:
@@ -317,19 +326,12 @@ def table_md5(conn: sqlite3.Connection, name: str, columns: Sequence[str], style
     return _md5(",".join(hashes)[:GROUP_CONCAT_MAX_LEN])
 
 
-def tables_md5(conn: sqlite3.Connection, tables: Sequence[dict[str, Any]]) -> str:
+def tables_md5(conn: sqlite3.Connection | EpisodeDB, tables: Sequence[dict[str, Any]]) -> str:
     """The hashes of a task's tables, sorted and joined by ``_`` (AgentBench's combined hash)."""
     return "_".join(sorted(table_md5(conn, t["name"], t["columns"], t["styles"]) for t in tables))
 
 
-@lru_cache(maxsize=65536)
-def _ci_key(s: str) -> str:
-    return "".join(ch for ch in unicodedata.normalize("NFKD", s) if not unicodedata.combining(ch)).casefold()
-
-
-def _mysql_ci(a: str, b: str) -> int:
-    ka, kb = _ci_key(a), _ci_key(b)
-    return (ka > kb) - (ka < kb)
+_mysql_ci = mysql_ci  # the same function the episode databases' workers register
 
 
 def register_mysql_collation(conn: sqlite3.Connection) -> None:
@@ -484,6 +486,8 @@ class AgentBenchSQLEnv(BaseSQLEnv):
             :class:`~agentgym.envs.sql.env.BaseSQLEnv`.
     """
 
+    collations = (COLLATION,)  # every episode database compares text as MySQL 8 does
+
     SCORINGS: ClassVar[tuple[str, ...]] = ("agentbench", "lenient")
 
     def __init__(self, path: str | os.PathLike[str] | None = None, split: str = "test", *,
@@ -614,14 +618,14 @@ class AgentBenchSQLEnv(BaseSQLEnv):
         return "SQLite tables after the gold SQL differ from answer_md5"
 
     def _hash_after(self, snap: bytes, tables: list[dict[str, Any]], sql: str | None) -> tuple[str, str | None]:
-        db = EpisodeDB(snap, timeout_s=self.gold_timeout_s, max_db_bytes=self.max_db_bytes)
+        db = EpisodeDB(snap, timeout_s=self.gold_timeout_s, max_db_bytes=self.max_db_bytes,
+                       collations=self.collations)
         try:
-            register_mysql_collation(db.conn)
             if sql is not None:
                 res = db.run(sql)
                 if not res.ok:
                     return "", str(res.error)
-            return tables_md5(db.conn, tables), None
+            return tables_md5(db, tables), None
         finally:
             db.close()
 
@@ -631,11 +635,6 @@ class AgentBenchSQLEnv(BaseSQLEnv):
     # ------------------------------------------------------------------ episode
     def _snapshot(self, task: TaskSpec) -> bytes:
         return self._cache.get(task.task_id, lambda: snapshot(str(task.data["script"])))
-
-    def _new_db(self, task: TaskSpec) -> EpisodeDB:
-        db = super()._new_db(task)
-        register_mysql_collation(db.conn)
-        return db
 
     def system_prompt(self) -> str:
         return SYSTEM_PROMPT + " " + self.parser.format_instructions(self.tools)
@@ -656,8 +655,7 @@ class AgentBenchSQLEnv(BaseSQLEnv):
         self.db = self._new_db(task)
         parts = []
         if self.show_schema:
-            rows = self.db.conn.execute(
-                "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL ORDER BY rowid").fetchall()
+            rows = _select(self.db, "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL ORDER BY rowid")
             parts.append("Database schema:\n" + "\n".join(r[0].strip() + ";" for r in rows))
         parts.append(self._question(task))
         return [
@@ -695,12 +693,12 @@ class AgentBenchSQLEnv(BaseSQLEnv):
                 ok = answers_match(pred, gold)
             self.last_check = {"kind": "answer", "scoring": self.scoring, "answer": answers, "label": d["label"]}
             return ok
-        state = tables_md5(db.conn, d["tables"])
+        state = tables_md5(db, d["tables"])
         if self.scoring == "agentbench" or str(d.get("md5_source", "")).startswith("answer_md5 (not verified"):
             ok = agentbench_hash_match(state, d["answer_md5"])
             self.last_check = {"kind": "state", "scoring": "agentbench", "hash": state, "answer_md5": d["answer_md5"]}
             return ok
-        ok = table_state_hash(db.conn) == self._gold_state_hash(task)
+        ok = db.state_hash() == self._gold_state_hash(task)
         self.last_check = {"kind": "state", "scoring": "lenient", "hash": state}
         return ok
 
@@ -715,7 +713,7 @@ class AgentBenchSQLEnv(BaseSQLEnv):
                     res = ref.run(str(sql))
                     if not res.ok:
                         raise ValidationError(f"gold SQL of task {task.task_id!r} fails: {res.error}")
-                h = table_state_hash(ref.conn)
+                h = ref.state_hash()
             finally:
                 ref.close()
             self._gold_state[task.task_id] = h
@@ -728,7 +726,7 @@ class AgentBenchSQLEnv(BaseSQLEnv):
             return None
         d = self.task.data
         if d["kind"] == "state" and d.get("expert_sql") and self.db is not None and \
-                not agentbench_hash_match(tables_md5(self.db.conn, d["tables"]), d["answer_md5"]):
+                not agentbench_hash_match(tables_md5(self.db, d["tables"]), d["answer_md5"]):
             return self._call("execute_sql", {"query": str(d["expert_sql"])})
         answers = d["label"] if d["kind"] == "answer" else []
         return self._call("commit_final_answer", {"answers": answers})

@@ -2,20 +2,32 @@
 
 Every episode gets its own in-memory database, deserialised from an immutable snapshot (the bytes
 of ``Connection.serialize()``), so nothing an agent does reaches the source file or another
-episode. The episode connection is locked down:
+episode. The database lives in a **worker process** (:mod:`.db_worker`, one per open episode,
+reused across episodes), so that a statement can always be stopped at its deadline:
+
+* a progress handler aborts any statement that runs past its deadline between SQLite steps (a
+  recursive CTE that never ends, a huge cross join), keeping the episode's earlier changes;
+* a statement stuck inside one long SQLite call (pattern matching or trimming on huge strings)
+  cannot be interrupted that way: the host kills the worker ``kill_grace_s`` after the deadline,
+  starts a fresh one and rebuilds the episode's database by replaying the changes that succeeded
+  before it (statements whose result depends on ``random()`` or the clock may then differ);
+* the worker has an address-space limit and SQLite's hard heap limit, and keeps temporary
+  tables, sorts and indexes in memory (``temp_store = MEMORY``) under them: a huge ``GROUP BY``
+  fails with "out of memory" instead of filling the disk or the host's memory.
+
+The connection is locked down:
 
 * an authorizer denies ``ATTACH``/``DETACH`` (which also blocks ``VACUUM INTO 'file'``),
   ``load_extension()`` and other unsafe functions, and every ``PRAGMA`` that sets a value; read
   pragmas such as ``PRAGMA table_info(t)`` are allowed;
 * ``max_page_count`` caps the database size (main and temp); a write past it fails with
   ``database or disk is full``, returned to the agent as an error;
-* ``SQLITE_LIMIT_LENGTH`` caps a single string or blob;
-* a progress handler aborts any statement that runs past its deadline (a recursive CTE that never
-  ends, a huge cross join), and the agent sees a timeout error.
+* SQLite's own limits cap a single string or blob (``SQLITE_LIMIT_LENGTH``), the SQL text and
+  LIKE/GLOB patterns.
 
 **Multiple statements.** :meth:`EpisodeDB.run` executes exactly one statement per call. Trailing
-semicolons, whitespace and comments are fine; a call containing two or more statements is
-rejected as a whole *before anything runs*, so no prefix of it is applied.
+semicolons, whitespace and comments are fine (``SELECT 1;;``); a call containing two or more
+statements is rejected as a whole *before anything runs*, so no prefix of it is applied.
 
 Comparison helpers: :func:`results_match` (execution match: multiset of rows, order-sensitive
 only when asked), :func:`answers_match` (normalised strings with a numeric tolerance) and
@@ -24,17 +36,30 @@ only when asked), :func:`answers_match` (normalised strings with a numeric toler
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
 import hashlib
+import marshal
 import math
+import os
 import re
+import select
 import sqlite3
+import struct
+import subprocess
+import sys
+import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from itertools import permutations
 from typing import Any
+
+from agentgym.errors import EnvError
 
 __all__ = [
     "EpisodeDB",
@@ -51,26 +76,7 @@ __all__ = [
 ]
 
 PAGE_SIZE = 4096
-_READ_PRAGMAS = frozenset({
-    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
-    "foreign_key_list", "foreign_key_check", "collation_list", "function_list", "pragma_list",
-    "integrity_check", "quick_check",
-})
-_DENY_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"})
-_DENY_ACTIONS = frozenset({sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH})
-
-
-def _authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
-    if action in _DENY_ACTIONS:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_PRAGMA:
-        name = (arg1 or "").lower()
-        if name in _READ_PRAGMAS or arg2 is None:
-            return sqlite3.SQLITE_OK
-        return sqlite3.SQLITE_DENY  # PRAGMA x = value: a write
-    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENY_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+_WORKER_SRC = resources.files(__package__).joinpath("db_worker.py").read_text(encoding="utf-8")
 
 
 def snapshot_from_sql(script: str) -> bytes:
@@ -114,8 +120,118 @@ class QueryResult:
         return self.error is None
 
 
+class _Worker:
+    """One SQL worker process (see :mod:`.db_worker`)."""
+
+    def __init__(self, memory_limit_mb: int) -> None:
+        self.memory_limit_mb = memory_limit_mb
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WORKER_SRC, str(memory_limit_mb)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         close_fds=True, cwd="/")
+        except OSError as e:
+            raise EnvError(f"could not start the SQL worker process: {e}") from e
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._w = self.proc.stdin
+        self._fd = self.proc.stdout.fileno()
+        self._buf = b""
+
+    def request(self, req: tuple[Any, ...], timeout_s: float | None) -> tuple[Any, ...] | None:
+        """Send ``req``; its answer, or ``None`` if none came within ``timeout_s`` or the worker died."""
+        data = marshal.dumps(req)
+        try:
+            self._w.write(struct.pack(">I", len(data)) + data)
+            self._w.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        need = 4
+        body = False
+        while True:
+            while len(self._buf) < need:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                ready, _, _ = select.select([self._fd], [], [], None if math.isinf(left) else left)
+                if not ready:
+                    return None
+                chunk = os.read(self._fd, max(need - len(self._buf), 1 << 16))
+                if not chunk:
+                    return None
+                self._buf += chunk
+            if not body:
+                need = 4 + struct.unpack(">I", self._buf[:4])[0]
+                body = True
+                continue
+            payload, self._buf = self._buf[4:need], self._buf[need:]
+            resp = marshal.loads(payload)
+            return resp if isinstance(resp, tuple) else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
+
+
+_IDLE: list[_Worker] = []
+_IDLE_MAX = 64
+_IDLE_LOCK = threading.Lock()
+_RETURNED: collections.deque[_Worker] = collections.deque()  # from episodes collected without close()
+
+
+def _take_worker(memory_limit_mb: int) -> _Worker:
+    while _RETURNED:
+        try:
+            _give_worker(_RETURNED.popleft())
+        except IndexError:
+            break
+    with _IDLE_LOCK:
+        for i, w in enumerate(_IDLE):
+            if w.memory_limit_mb == memory_limit_mb:
+                del _IDLE[i]
+                if w.alive():
+                    return w
+                w.kill()
+                break
+    return _Worker(memory_limit_mb)
+
+
+def _give_worker(w: _Worker) -> None:
+    if w.alive() and w.request(("close",), 10.0) == ("ok",):
+        with _IDLE_LOCK:
+            if len(_IDLE) < _IDLE_MAX:
+                _IDLE.append(w)
+                return
+    w.kill()
+
+
+def _release(holder: list[_Worker]) -> None:
+    """An episode's finalizer: hand its worker back (it may run inside the garbage collector, so it
+    only queues the worker; the next episode to open recycles it)."""
+    if holder:
+        _RETURNED.append(holder.pop())
+
+
+@atexit.register
+def _stop_idle_workers() -> None:
+    with _IDLE_LOCK:
+        idle, _IDLE[:] = list(_IDLE), []
+    idle += list(_RETURNED)
+    _RETURNED.clear()
+    for w in idle:
+        w.kill()
+
+
 class EpisodeDB:
-    """An isolated, locked-down in-memory copy of a database snapshot.
+    """An isolated, locked-down in-memory copy of a database snapshot, held by a worker process.
 
     For a source too big to copy per episode, pass ``readonly_path`` instead of a snapshot: the
     file is opened read-only (``mode=ro`` and ``PRAGMA query_only``), so every write fails with an
@@ -124,9 +240,15 @@ class EpisodeDB:
     Args:
         snapshot: Bytes from :func:`snapshot_from_sql` / :func:`snapshot_from_file`.
         readonly_path: A SQLite file to open read-only instead of copying a snapshot.
-        timeout_s: Per-statement deadline, enforced by sqlite's progress handler.
+        timeout_s: Per-statement deadline.
         max_db_bytes: Size cap of the episode database (at least the snapshot size + 1 MiB).
         max_value_bytes: Largest string or blob a statement may build.
+        max_sql_chars: Longest SQL text accepted.
+        max_memory_mb: SQLite's heap limit in the worker (temp storage included); the worker's
+            address space is limited to this plus 512 MiB.
+        kill_grace_s: How long after its deadline a statement stuck in one SQLite call may run
+            before the worker is killed and the database rebuilt.
+        collations: Named collations to register (``"MYSQL_AI_CI"``; see ``db_worker.COLLATIONS``).
     """
 
     def __init__(
@@ -137,36 +259,44 @@ class EpisodeDB:
         timeout_s: float = 5.0,
         max_db_bytes: int = 64 * 1024 * 1024,
         max_value_bytes: int = 1_000_000,
+        max_sql_chars: int = 200_000,
+        max_memory_mb: int = 512,
+        kill_grace_s: float = 0.5,
+        collations: Sequence[str] = (),
     ) -> None:
         if (snapshot is None) == (readonly_path is None):
             raise ValueError("EpisodeDB needs exactly one of snapshot and readonly_path")
         self.timeout_s = float(timeout_s)
-        self._deadline = math.inf
+        self.kill_grace_s = float(kill_grace_s)
         self.readonly = readonly_path is not None
-        if readonly_path is not None:
-            conn = sqlite3.connect(f"file:{readonly_path}?mode=ro", uri=True, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute("PRAGMA query_only = 1")
-            size = 0
-        else:
-            assert snapshot is not None
-            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-            conn.deserialize(snapshot)
-            size = len(snapshot)
-        cap = max(int(max_db_bytes), size + 1024 * 1024)  # a big source may still grow 1 MiB
-        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0]) or PAGE_SIZE
-        pages = -(-cap // page_size)
-        if not self.readonly:
-            conn.execute(f"PRAGMA main.max_page_count={pages}")
-        conn.execute(f"PRAGMA temp.max_page_count={pages}")
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, int(max_value_bytes))
-        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.set_authorizer(_authorizer)
-        conn.set_progress_handler(self._progress, 1000)
-        self.conn = conn
+        self._open_args = (snapshot, readonly_path, int(max_db_bytes), int(max_value_bytes), int(max_sql_chars),
+                           int(max_memory_mb), tuple(str(c) for c in collations))
+        self._memory_limit_mb = int(max_memory_mb) + 512
+        self._log: list[str] = []  # statements that changed the database, replayed after a kill
+        # The worker is held in a list that only the finalizer shares, so a live worker process is
+        # always reachable from the finalizer registry and never becomes cyclic garbage.
+        self._holder: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _release, self._holder)
+        self._open()
 
-    def _progress(self) -> int:
-        return 1 if time.perf_counter() > self._deadline else 0
+    @property
+    def _worker(self) -> _Worker | None:
+        return self._holder[0] if self._holder else None
+
+    def _open(self) -> None:
+        w = _take_worker(self._memory_limit_mb)
+        resp = w.request(("open", *self._open_args), 60.0)
+        if resp is None or resp[0] != "ok":
+            w.kill()
+            detail = resp[1] if resp is not None and len(resp) > 1 else "the worker did not answer"
+            raise EnvError(f"could not open the episode database: {detail}")
+        self._holder[:] = [w]
+
+    def _require(self) -> _Worker:
+        w = self._worker
+        if w is None:
+            raise EnvError("this EpisodeDB is closed")
+        return w
 
     def run(self, sql: str, max_rows: int | None = None) -> QueryResult:
         """Execute one statement; never raises for bad SQL.
@@ -175,48 +305,55 @@ class EpisodeDB:
             sql: A single SQL statement.
             max_rows: Fetch at most this many rows (``truncated`` says whether more existed).
         """
-        self._deadline = time.perf_counter() + self.timeout_s
-        try:
-            cur = self.conn.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            if max_rows is None:
-                rows = cur.fetchall()
-                truncated = False
-            else:
-                rows = cur.fetchmany(max_rows + 1)
-                truncated = len(rows) > max_rows
-                rows = rows[:max_rows]
-            rowcount = cur.rowcount
-            cur.close()
-            return QueryResult(cols, rows, truncated, rowcount)
-        except sqlite3.OperationalError as e:
-            if str(e) == "interrupted":
-                self._recover()
-                return QueryResult([], [], error=f"query timed out after {self.timeout_s:g} s and was stopped",
-                                   timed_out=True)
-            return QueryResult([], [], error=str(e))
-        except sqlite3.ProgrammingError as e:
-            if "one statement at a time" in str(e):
-                return QueryResult([], [], error="execute_sql runs one statement per call; this call held "
-                                   "several, so none of them was run. Send them in separate calls.")
-            return QueryResult([], [], error=str(e))
-        except (sqlite3.Error, OverflowError, ValueError, MemoryError) as e:
-            return QueryResult([], [], error=str(e) or type(e).__name__)
-        finally:
-            self._deadline = math.inf
+        if not isinstance(sql, str):
+            return QueryResult([], [], error="the query must be a string")
+        w = self._require()
+        resp = w.request(("run", sql, max_rows, self.timeout_s), self.timeout_s + self.kill_grace_s)
+        if resp is None or resp[0] != "ok":
+            died = resp is None and not w.alive()
+            note = self._restart()
+            what = ("the query crashed the database worker" if died else
+                    f"query timed out after {self.timeout_s:g} s and was stopped")
+            return QueryResult([], [], error=what + note, timed_out=not died)
+        _, cols, rows, truncated, rowcount, error, timed_out, wrote = resp
+        if timed_out:
+            return QueryResult([], [], error=f"query timed out after {self.timeout_s:g} s and was stopped",
+                               timed_out=True)
+        if error is not None:
+            return QueryResult([], [], error=str(error))
+        if wrote:
+            self._log.append(sql)
+        return QueryResult(list(cols), [tuple(r) for r in rows], bool(truncated), int(rowcount))
 
-    def _recover(self) -> None:
-        """After an interrupt sqlite rolls the statement back; end any transaction it left open."""
-        if self.conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute("ROLLBACK")
+    def _restart(self) -> str:
+        """Kill the worker, rebuild the database in a fresh one; a note for the agent if that failed."""
+        if self._holder:
+            self._holder.pop().kill()
+        self._open()
+        w = self._require()
+        for i, sql in enumerate(self._log):
+            resp = w.request(("run", sql, 0, max(self.timeout_s, 10.0)), max(self.timeout_s, 10.0) + 5.0)
+            if resp is None or resp[0] != "ok" or resp[5] is not None:
+                self._log = self._log[:i]
+                return " (the database could not be fully restored: changes after that point were lost)"
+        return ""
 
-    def state_hash(self) -> str:
-        """:func:`table_state_hash` of this database."""
-        return table_state_hash(self.conn)
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (the agent ran BEGIN without COMMIT)."""
+        resp = self._require().request(("in_tx",), 30.0)
+        return bool(resp is not None and resp[0] == "ok" and resp[1])
+
+    def state_hash(self, tables: Sequence[str] | None = None) -> str:
+        """:func:`table_state_hash` of this database (every user table, or ``tables``)."""
+        resp = self._require().request(("hash", None if tables is None else list(tables)), 120.0)
+        if resp is None or resp[0] != "ok":
+            raise EnvError(f"could not hash the episode database: {resp}")
+        return str(resp[1])
 
     def close(self) -> None:
-        self.conn.close()
+        self._finalizer.detach()
+        if self._holder:
+            _give_worker(self._holder.pop())
 
 
 # ---------------------------------------------------------------------------- formatting

@@ -118,8 +118,11 @@ class BaseSQLEnv(AgentEnv):
         return str(task.data.get("db_id", task.task_id))
 
     # ------------------------------------------------------------------ episode
+    collations: tuple[str, ...] = ()  # named collations every episode database registers
+
     def _new_db(self, task: TaskSpec) -> EpisodeDB:
-        return EpisodeDB(self._snapshot(task), timeout_s=self.timeout_s, max_db_bytes=self.max_db_bytes)
+        return EpisodeDB(self._snapshot(task), timeout_s=self.timeout_s, max_db_bytes=self.max_db_bytes,
+                         collations=self.collations)
 
     def system_prompt(self) -> str:
         return (
@@ -159,10 +162,12 @@ class BaseSQLEnv(AgentEnv):
         if self.show_schema:
             key = self._db_key(task)
             if key not in self._schema_text:
-                rows = self.db.conn.execute(
+                res = self.db.run(
                     "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
-                    "ORDER BY CASE type WHEN 'table' THEN 0 ELSE 1 END, rowid").fetchall()
-                self._schema_text[key] = "\n".join(r[0].strip() + ";" for r in rows)
+                    "ORDER BY CASE type WHEN 'table' THEN 0 ELSE 1 END, rowid")
+                if not res.ok:
+                    raise ValidationError(f"cannot read the schema of task {task.task_id!r}: {res.error}")
+                self._schema_text[key] = "\n".join(str(r[0]).strip() + ";" for r in res.rows)
             parts.append("Database schema:\n" + self._schema_text[key])
         parts.append("Question: " + self._question(task))
         parts.append(self._instructions(kind))
@@ -481,7 +486,7 @@ class SpiderSQLEnv(BaseSQLEnv):
     def _new_db(self, task: TaskSpec) -> EpisodeDB:
         path = self._db_paths[str(task.data["db_id"])]
         if path.stat().st_size > self.max_copy_bytes:
-            return EpisodeDB(readonly_path=str(path), timeout_s=self.timeout_s)
+            return EpisodeDB(readonly_path=str(path), timeout_s=self.timeout_s, collations=self.collations)
         return super()._new_db(task)
 
 

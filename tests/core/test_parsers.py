@@ -142,3 +142,50 @@ def test_parsers_never_raise(text: str) -> None:
         assert r.ok or isinstance(r.error, str)
         for c in r.tool_calls:
             assert c["name"] in TOOLS and isinstance(c["arguments"], dict)
+
+
+# ------------------------------------------------------------------------------ hostile arguments (issue 11)
+def _huge_int() -> int:
+    import sys
+
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return int("7" * 5000)
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+HUGE_DIGITS = "9" * 5000
+
+
+@pytest.mark.parametrize("action", [
+    '<tool_call>{"name": "search", "arguments": {"query": ' + HUGE_DIGITS + '}}</tool_call>',
+    '<tool_call>{"name": "search", "arguments": {"query": "x", "k": ' + HUGE_DIGITS + '}}</tool_call>',
+    '{"name": "search", "arguments": {"query": "x", "k": ' + HUGE_DIGITS + '}}',
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "search", "arguments": '{"k": ' + HUGE_DIGITS + '}'}}]},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "search", "arguments": {"k": _huge_int()}}]},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "search", "arguments": {"q": [{"a": {1, 2}}]}}]},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "search", "arguments": {1: "x"}}]},
+], ids=["hermes-str", "hermes-int", "json-text", "openai-str", "structured-int", "structured-set", "int-key"])
+def test_hostile_arguments_are_parse_errors(action: object) -> None:
+    for parser in (HermesParser(), JSONParser()):
+        parsed = parser.parse(action, TOOLS)
+        if isinstance(action, str) and parser.name == "json" and action.startswith("<tool_call>"):
+            continue  # not this parser's format: plain text
+        if isinstance(action, str) and parser.name == "hermes" and not action.startswith("<tool_call>"):
+            continue
+        assert not parsed.ok and parsed.tool_calls == [], (parser.name, parsed)
+        json.dumps(parsed.message)  # whatever is recorded stays serialisable
+
+
+def test_toolset_call_validates_arguments_itself() -> None:
+    res = TOOLS.call({"id": "c", "name": "search", "arguments": {"query": "x", "k": _huge_int()}})
+    assert not res.ok and res.error_kind == "bad_arguments" and "4300 digits" in res.content
+    nested: dict[str, object] = {"query": "x"}
+    cur = nested
+    for _ in range(200):
+        cur["n"] = {}
+        cur = cur["n"]  # type: ignore[assignment]
+    assert TOOLS.call({"id": "c", "name": "search", "arguments": nested}).error_kind == "bad_arguments"

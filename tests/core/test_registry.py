@@ -44,3 +44,37 @@ def test_check_env_every_registered_env(env_id: str) -> None:
     report = agentgym.check_env(agentgym.make(env_id))
     assert "gymnasium.utils.env_checker.check_env" in report.passed
     assert not report.skipped, report.skipped
+
+
+@pytest.mark.parametrize("env_id", sorted(e.id for e in agentgym.list_envs() if e.id not in NEEDS_SETUP))
+def test_hostile_tool_arguments_are_observations_in_every_env(env_id: str) -> None:
+    """An integer past Python's 4,300-digit limit, in every call form, never makes step() raise."""
+    import json
+    import sys
+
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    huge = int("8" * 5000)
+    sys.set_int_max_str_digits(old)
+    digits = "8" * 5000
+    env = agentgym.make(env_id)
+    try:
+        env.reset(seed=0)
+        tools = env.unwrapped.tools
+        if not len(tools):
+            pytest.skip(f"{env_id} has no tools")
+        name = tools.names[0]
+        param = tools[name].primary_param or "x"
+        actions: list[object] = [
+            f'<tool_call>{{"name": "{name}", "arguments": {{"{param}": {digits}}}}}</tool_call>',
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": name, "arguments": f'{{"{param}": {digits}}}'}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": name, "arguments": {param: huge}}]},
+        ]
+        for action in actions:
+            env.reset(seed=0)
+            obs, reward, terminated, truncated, info = env.step(action)
+            assert obs and all(isinstance(m.get("content"), str) for m in obs)
+            json.dumps(obs)
+    finally:
+        env.close()

@@ -93,6 +93,98 @@ def test_ctrl_c_leaves_resumable_output(tmp_path: Path) -> None:
     assert len(episodes.read_text().splitlines()) == 6  # finished episodes were not run again
 
 
+# ------------------------------------------------------------------------------ dead and hung servers (issue 11)
+class _HungServer:
+    """Accepts TCP connections on 127.0.0.1 and never answers (a wedged model server)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.conns.append(conn)  # hold it open, read nothing, answer nothing
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_a_hung_server_is_bounded_by_request_timeout_and_reported(tmp_path: Path) -> None:
+    srv = _HungServer()
+    try:
+        t0 = time.monotonic()
+        r = run("eval", "--env", "agentgym/Demo-v0", "--policy", f"openai:http://127.0.0.1:{srv.port}/v1#m",
+                "--tasks", "3", "--request-timeout", "1", "--out", str(tmp_path / "o"), "-q", timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert took < 40, f"the eval against a hung server took {took:.0f} s with --request-timeout 1"
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    msg = " ".join(r.stderr.split())
+    assert "every episode failed" in msg and "3 of 3" in msg, msg
+
+
+def test_a_dead_server_fails_the_eval_clearly(tmp_path: Path) -> None:
+    r = run("eval", "--env", "agentgym/Demo-v0", "--policy", f"openai:http://127.0.0.1:{_free_port()}/v1#m",
+            "--tasks", "2", "--request-timeout", "2", "--out", str(tmp_path / "o"), "-q", timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    msg = " ".join(r.stderr.split())
+    assert "every episode failed" in msg and "2 of 2" in msg, msg
+    assert "Traceback" not in r.stderr
+
+
+def test_deadline_stops_the_run_and_it_resumes(tmp_path: Path) -> None:
+    srv = _HungServer()
+    out = tmp_path / "o"
+    try:
+        t0 = time.monotonic()
+        r = run("eval", "--env", "agentgym/Demo-v0", "--policy", f"openai:http://127.0.0.1:{srv.port}/v1#m",
+                "--tasks", "2", "--deadline", "3", "--out", str(out), "-q", timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert took < 40 and r.returncode == 3, (took, r.returncode, r.stderr)
+    assert "deadline reached" in " ".join(r.stderr.split())
+    assert json.loads((out / "summary.json").read_text())["complete"] is False
+    r = run("eval", "--env", "agentgym/Demo-v0", "--policy", "expert", "--tasks", "2", "--out", str(tmp_path / "o2"),
+            "--deadline", "120", "-q")
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_timeouts_are_rejected(tmp_path: Path) -> None:
+    for opt in ("--request-timeout", "--deadline"):
+        r = run("eval", "--env", "agentgym/Demo-v0", "--policy", "expert", "--out", str(tmp_path / "o"), opt, "0", "-q")
+        assert r.returncode == 2 and "positive number of seconds" in " ".join(r.stderr.split()), r.stderr
+
+
 def test_eval_records_and_prints_loaded_and_skipped_tasks(tmp_path: Path) -> None:
     medals = {"table_name": "Medals", "table_info": {"columns": [{"name": "Nation", "type": "TEXT"},
                                                                  {"name": "Gold", "type": "INT"}],

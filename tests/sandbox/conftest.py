@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -58,3 +58,18 @@ def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     sb.close()
     if request.param == "docker":
         assert docker_leftovers() == [], "the docker sandbox left containers behind"
+
+
+@pytest.fixture
+def box_factory() -> Iterator[Callable[[str], Sandbox]]:
+    """Builds sandboxes by backend name (skipping where one cannot run); closes them afterwards."""
+    made: list[Sandbox] = []
+
+    def make(name: str) -> Sandbox:
+        b = make_box(name)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()

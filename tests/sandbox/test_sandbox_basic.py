@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -173,3 +174,120 @@ def test_worker_script_is_reachable_by_unprivileged_uids() -> None:
     while d != "/":
         assert os.stat(d).st_mode & stat.S_IXOTH, d
         d = os.path.dirname(d)
+
+
+# ------------------------------------------------------------------------------ concurrency (issue 11)
+VICTIM = "import time\ntime.sleep(0.6)\nprint('alive')"
+KILLERS = [("import sys\nsys.exit(3)", 10.0), ("import time\ntime.sleep(5)", 0.2), ("raise MemoryError", 10.0)]
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param("bwrap", id="bwrap"),
+    pytest.param("bwrap-warm", id="bwrap-warm"),
+    pytest.param("process", id="process"),
+    pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.slow]),
+])
+def test_sandbox_instances_never_kill_each_others_runs(name: str, box_factory: Callable[[str], Sandbox]) -> None:
+    """Many instances at once (as in a concurrent eval, one per env): one instance's failed, timed-out
+    or closed runs must never touch another instance's live run or session."""
+    n = 2 if name == "docker" else 4
+    boxes = [box_factory(name) for _ in range(2 * n)]
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def victim(box: Sandbox, session: bool) -> None:
+        for _ in range(3):
+            if session:
+                s = box.session()
+                try:
+                    r = s.run(VICTIM, timeout_s=20)
+                finally:
+                    s.close()
+            else:
+                r = box.run(VICTIM, timeout_s=20)
+            if not (r.ok and r.stdout == "alive\n"):
+                errors.append(f"{box.name}: {r.summary(300)}")
+
+    def killer(box: Sandbox) -> None:
+        i = 0
+        while not stop.is_set():
+            prog, timeout = KILLERS[i % len(KILLERS)]
+            i += 1
+            if i % 4 == 0:
+                s = box.session()
+                s.run(prog, timeout_s=timeout)
+                s.close()
+            else:
+                box.run(prog, timeout_s=timeout)
+
+    try:
+        victims = [threading.Thread(target=victim, args=(b, i % 2 == 1)) for i, b in enumerate(boxes[:n])]
+        killers = [threading.Thread(target=killer, args=(b,)) for b in boxes[n:]]
+        for t in killers + victims:
+            t.start()
+        for t in victims:
+            t.join(120)
+        stop.set()
+        for t in killers:
+            t.join(60)
+    finally:
+        stop.set()
+    assert errors == [], f"runs were killed by another sandbox instance: {errors[:3]}"
+
+
+HOLD_LEASES = """
+import sys, time
+from agentgym.sandbox._posix import UidPool
+pool = UidPool()
+leases = [pool.lease() for _ in range(40)]
+print(" ".join(str(l.uid) for l in leases), flush=True)
+sys.stdin.readline()  # hold them until told
+"""
+
+
+def test_uid_leases_are_unique_across_processes() -> None:
+    """Two processes and this one lease uids at once: no uid is ever held twice (flock), and a
+    process that dies without releasing gives its uids back, marked for cleanup."""
+    import os
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("uid leases are only used as root")
+    from agentgym.sandbox._posix import UidPool
+
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD_LEASES], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        held = [set(map(int, p.stdout.readline().split())) for p in procs]  # type: ignore[union-attr]
+        mine = [UidPool().lease() for _ in range(40)]
+        ours = {lease.uid for lease in mine}
+        assert len(held[0]) == len(held[1]) == len(ours) == 40
+        assert not (held[0] & held[1]) and not (ours & (held[0] | held[1])), "a uid was leased twice"
+        procs[0].kill()  # dies holding its leases: the kernel drops the locks
+        procs[0].wait(10)
+        for lease in mine:
+            lease.release(clean=True)
+        import fcntl
+
+        from agentgym.sandbox._posix import _lock_dir
+
+        for uid, free in [(u, True) for u in held[0]] + [(u, False) for u in held[1]]:
+            fd = os.open(os.path.join(_lock_dir(), f"uid-{uid}"), os.O_RDWR)
+            try:
+                if free:  # the dead holder's lock is gone; its "in use" mark makes the next holder clean up
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    assert os.pread(fd, 1, 0) == b"1"
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                else:
+                    with pytest.raises(BlockingIOError):
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    f.close()

@@ -225,3 +225,211 @@ def test_no_state_survives_between_runs(box: Sandbox) -> None:
     assert r.ok, r
     r = box.run(f"import os\nprint(os.path.exists('left.txt'), os.path.exists({tmp_file!r}), 'GLOBAL' in globals())")
     assert r.ok and r.stdout == "False False False\n", r
+
+
+# ------------------------------------------------------------------------------ hardening (issue 11)
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _shares_host_ipc(box: Sandbox) -> bool:
+    """Only the process backend without root shares /dev/shm, /tmp and System V IPC with the host."""
+    return box.name == "process" and not _is_root()
+
+
+def test_host_writes_never_follow_links_planted_in_a_session(box: Sandbox, tmp_path) -> None:
+    """A program plants symlinks named like files the host writes next (a long bash script, main.py,
+    a ``files=`` entry, a directory of one): the host must replace the link, never write through it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o644)
+    vdir = tmp_path / "vdir"
+    vdir.mkdir()
+    owners = (os.stat(victim).st_uid, os.stat(vdir).st_uid, os.stat(tmp_path).st_uid)
+    s = box.session()
+    try:
+        r = s.run(f"for f in main.sh main.py data.txt; do ln -s {victim} $f; done; ln -s {vdir} d; ln -s {tmp_path} up; "
+                  "echo planted", language="bash")
+        assert r.stdout == "planted\n", r
+        r = s.run("echo long # " + "x" * 150_000, language="bash")  # too long for argv: the host writes a script
+        assert r.stdout == "long\n", r
+        r = s.run("print(open('data.txt').read(), open('d/new.txt').read(), open('up/x.txt').read())",
+                  files={"data.txt": "fresh", "d/new.txt": "n", "up/x.txt": "u"})
+        assert r.stdout == "fresh n u\n", r
+    finally:
+        s.close()
+    assert victim.read_text() == "precious\n", f"{box.name}: the host wrote through a planted symlink"
+    assert list(vdir.iterdir()) == [] and not (tmp_path / "x.txt").exists()
+    assert (os.stat(victim).st_uid, os.stat(vdir).st_uid, os.stat(tmp_path).st_uid) == owners, "owner changed"
+    _still_works(box)
+
+
+def test_programs_never_run_privileged(box: Sandbox) -> None:
+    """Never root when the host is root; no_new_privs (setuid binaries are inert) and a seccomp filter."""
+    prog = ("import os\nst = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)\n"
+            "print(os.getuid(), os.geteuid(), st['NoNewPrivs'].strip(), st['Seccomp'].strip())")
+    for r in (box.run(prog), box.run(prog.replace("print(", "import subprocess\nsubprocess.run(['true'])\nprint("))):
+        assert r.ok, r
+        uid, euid, nnp, seccomp = r.stdout.split()
+        if _is_root():
+            assert uid != "0" and euid != "0", f"{box.name}: the program ran as root"
+        assert nnp == "1", f"{box.name}: no_new_privs is not set"
+        assert seccomp == "2", f"{box.name}: no seccomp filter"
+
+
+PTRACE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in (1, os.getppid()):
+    rc = libc.ptrace(16, pid, None, None)  # PTRACE_ATTACH
+    print("attach", pid, rc, ctypes.get_errno())
+"""
+
+
+def test_ptrace_is_denied_and_a_finished_run_is_not_a_timeout(box: Sandbox) -> None:
+    r = box.run(PTRACE, timeout_s=5)
+    assert r.exit_code == 0 and not r.timed_out, r
+    assert r.duration_s < 4, r
+    for line in r.stdout.splitlines():
+        assert line.split()[2] == "-1", f"{box.name}: ptrace attach succeeded: {line}"
+    _still_works(box)
+
+
+@pytest.mark.parametrize("prog,language", [
+    ("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)", "python"),
+    ("import os\nos.close(1)\nos.close(2)\nwhile True:\n    pass", "python"),
+    ("exec >&- 2>&-; sleep 60", "bash"),
+    ("import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(60)", "python"),
+    ("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)", "python"),
+    ("kill -STOP $PPID; sleep 60", "bash"),
+], ids=["close-out-sleep", "close-out-spin", "bash-close-out", "stop-parent-sleep", "stop-parent-exit", "bash-stop-parent"])
+def test_every_run_ends_within_its_timeout(box: Sandbox, prog: str, language: str) -> None:
+    t0 = time.monotonic()
+    r = box.run(prog, language=language, timeout_s=1)  # type: ignore[arg-type]
+    took = time.monotonic() - t0
+    assert took < 1 + 3, f"{box.name}: the run took {took:.1f} s under a 1 s timeout"
+    if "sleep 60" in prog or "while True" in prog:
+        assert r.timed_out and not r.ok, r
+    _still_works(box)
+
+
+SHM_WRITE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+open('/dev/shm/agentgym-leak', 'w').write('x')
+shm = libc.shmget(0x41474d31, 4096, 0o1600)  # IPC_CREAT | 0600
+print('made', shm >= 0)
+"""
+SHM_READ = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print('file', os.path.exists('/dev/shm/agentgym-leak'), 'shm', libc.shmget(0x41474d31, 0, 0) >= 0)
+"""
+SHM_FILL = """
+import os
+total = 0
+try:
+    for i in range(64):
+        with open(f'/dev/shm/fill{i}', 'wb') as f:
+            for _ in range(8):
+                f.write(b'x' * (1 << 20))
+                total += 1 << 20
+except OSError as e:
+    print('stopped', type(e).__name__)
+print('wrote', total >> 20)
+"""
+
+
+def test_shm_and_sysv_ipc_do_not_survive_a_run(box: Sandbox) -> None:
+    if _shares_host_ipc(box):
+        pytest.skip("the process backend without root shares /dev/shm and IPC with the host (documented)")
+    for runner in (box, box.session()):
+        try:
+            r = runner.run(SHM_WRITE)
+            assert r.ok and r.stdout == "made True\n", r
+            r = runner.run(SHM_READ)
+            assert r.ok and r.stdout == "file False shm False\n", f"{box.name}: IPC state survived a run: {r}"
+        finally:
+            if runner is not box:
+                runner.close()  # type: ignore[union-attr]
+    r = box.run(SHM_FILL, timeout_s=30, memory_mb=512)
+    wrote = int(r.stdout.split()[-1])
+    assert "stopped" in r.stdout and wrote <= 80, f"{box.name}: /dev/shm took {wrote} MB (cap is the file_mb tmpfs size)"
+    r = box.run("import os\nprint(sorted(os.listdir('/dev/shm')))")
+    assert r.stdout == "[]\n", r
+    _still_works(box)
+
+
+def test_session_processes_do_not_survive_into_the_next_run(box: Sandbox) -> None:
+    tag = f"{time.time_ns() % 10**6}.{os.getpid() % 1000}"
+    s = box.session()
+    try:
+        r = s.run(f"setsid sleep {tag}1 >/dev/null 2>&1 & nohup sleep {tag}2 >/dev/null 2>&1 & "
+                  f"(exec >&- 2>&-; sleep {tag}3) & echo started", language="bash", timeout_s=10)
+        assert r.stdout == "started\n" and not r.timed_out, r
+        deadline = time.monotonic() + 3
+        while _host_procs_with(f"sleep\x00{tag}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _host_procs_with(f"sleep\x00{tag}") == [], f"{box.name}: a session's background process survived"
+        if box.name != "process":  # the others have their own PID namespace: nothing may be left in it
+            r = s.run("ps -eo comm 2>/dev/null | grep -c sleep || true", language="bash")
+            assert r.stdout.strip() in ("0", ""), r
+    finally:
+        s.close()
+
+
+AS_USER = r"""
+import json, os, sys, time
+from agentgym.sandbox import get_sandbox
+tag = sys.argv[1]
+box = get_sandbox("process")
+out = {"drop": box.drop_privileges}
+r = box.run("import os\nst = open('/proc/self/status').read()\nprint(os.getuid(), 'NoNewPrivs:\\t1' in st, 'Seccomp:\\t2' in st)")
+out["run"] = r.stdout.split()
+s = box.session()
+r = s.run(f"setsid sleep {tag}1 >/dev/null 2>&1 & (exec >&- 2>&-; sleep {tag}2) & echo started", language="bash")
+out["session"] = r.stdout.strip()
+r = s.run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", timeout_s=1.5)
+out["closed_out"] = [r.timed_out, round(r.duration_s, 1)]
+s.close()
+box.close()
+print(json.dumps(out))
+"""
+
+
+def test_process_backend_as_an_ordinary_user() -> None:
+    """The process backend's non-root path (a supervisor, no namespaces): still sweeps every leftover,
+    still ends runs at their deadline, still sets no_new_privs and seccomp."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if not _is_root() or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the test as an ordinary user")
+    tag = f"{time.time_ns() % 10**6}.{os.getpid() % 1000}"
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", AS_USER,
+                        tag], capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["drop"] is False and out["run"] == ["65534", "True", "True"], out
+    assert out["session"] == "started"
+    assert out["closed_out"][0] is True and out["closed_out"][1] < 4, out
+    assert _host_procs_with(f"sleep\x00{tag}") == [], "a background process of an ordinary user's session survived"
+
+
+def test_process_backend_refuses_to_run_programs_as_root() -> None:
+    from agentgym.errors import SandboxError
+    from agentgym.sandbox.process import ProcessSandbox
+
+    if not _is_root():
+        with pytest.raises(SandboxError, match="needs the host to run as root"):
+            ProcessSandbox(drop_privileges=True)
+        return
+    with pytest.raises(SandboxError, match="refusing to run untrusted programs as root"):
+        ProcessSandbox(drop_privileges=False)
+    box = ProcessSandbox()
+    try:
+        assert box.drop_privileges and box.run("import os\nprint(os.geteuid())").stdout.strip() != "0"
+    finally:
+        box.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
 HERE = Path(__file__).resolve().parent
-VENV_BIN = Path(sys.executable).parent
+from serve_helpers import VENV_BIN, free_port  # noqa: E402
 
 
 class ServeTestEnv(AgentEnv):
@@ -59,12 +58,6 @@ class ServeTestEnv(AgentEnv):
 
 
 agentgym.register_env("agentgym/ServeTest-v0", ServeTestEnv, family="test", max_episode_steps=20)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60.0) -> None:

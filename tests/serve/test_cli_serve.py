@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import VENV_BIN
+from serve_helpers import VENV_BIN
 
 pytestmark = pytest.mark.slow
 AGENTGYM = str(VENV_BIN / "agentgym")

@@ -102,7 +102,7 @@ async def test_server_killed_mid_episode_ends_those_episodes_and_the_run_goes_on
 
 
 def test_pool_skips_dead_servers(serve_process: Any) -> None:
-    from conftest import free_port
+    from serve_helpers import free_port
 
     live = serve_process(["agentgym/Demo-v0"])
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there

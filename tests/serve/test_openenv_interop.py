@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,34 @@ async def test_eval_against_openenv_coding_env(openenv_server: Any, tmp_path: Pa
     b = s["envs"]["agentgym/Remote-v0"]
     assert b["errors"] == 0 and b["success"]["mean"] == 1.0 and b["turns"]["mean"] == 2.0
     assert agentgym.env_entry("agentgym/Remote-v0").family == "remote"
+
+
+@pytest.mark.slow
+def test_train_on_an_openenv_env(openenv_server: Any, tmp_path: Path) -> None:
+    """GRPO on an env served by openenv-core's own server, through RemoteEnv: the trainer needs no change."""
+    import sys
+
+    from agentgym.trainers.config import validate_config
+    from agentgym.trainers.recipe import run_training
+
+    trainers_dir = str(Path(__file__).resolve().parents[1] / "trainers")
+    if trainers_dir not in sys.path:
+        sys.path.insert(0, trainers_dir)
+    import tiny_lookup
+
+    model = tiny_lookup.build_tiny_model(tmp_path / "model", init=0.1)
+    cfg = validate_config({
+        "run": {"out_dir": str(tmp_path / "run"), "steps": 2, "seed": 0, "threads": 1},
+        "model": {"path": str(model)},
+        "rollout": {"env": "agentgym/Remote-v0", "env_kwargs": {"url": openenv_server.url + "/echo"},
+                    "group_size": 4, "groups_per_step": 2, "max_tokens": 8, "max_turns": 2, "concurrency": 8},
+        "filter": {"dynamic_sampling": False},
+        "optim": {"lr": 1e-3},
+        "eval": {"before": False, "after": False},
+        "log": {"progress": False, "plot": False},
+    })
+    res = run_training(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert res["steps"] == 2 and [r["step"] for r in rows] == [0, 1]
+    assert all(r["rollout/episodes"] == 8 and r["rollout/reward_mean"] > 0 for r in rows)  # echo rewards arrived
+    assert sum(r["train/optimizer_steps"] for r in rows) >= 1  # echo rewards vary with what the model wrote

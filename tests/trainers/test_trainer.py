@@ -141,3 +141,21 @@ def test_checkpoint_roundtrip(tiny_model: str, tiny_tokenizer: Any, tmp_path: An
     m2, m3 = tr2.train_on(_samples(tiny_tokenizer)), tr3.train_on(_samples(tiny_tokenizer))
     assert m2["loss"] == pytest.approx(m3["loss"])
     assert all(torch.equal(a, b) for a, b in zip(_params(tr2.model).values(), _params(tr3.model).values(), strict=True))
+
+
+def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away(tiny_model: str, tiny_tokenizer: Any) -> None:
+    """bf16 weights lose an AdamW step of lr 1e-5 (below half a bf16 ulp of most weights); fp32 master
+    weights with bf16 autocast keep it, and the forward really ran in bf16."""
+    changed = {}
+    for name, dtype, autocast in (("bf16", "bfloat16", None), ("mixed", "float32", torch.bfloat16)):
+        model = load_causal_lm(tiny_model, dtype=dtype)
+        before = _params(model)
+        tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-5, grad_clip=None, warmup_steps=0),
+                           autocast=autocast)
+        assert tr.train_on(_samples(tiny_tokenizer))["optimizer_steps"] == 1
+        after = _params(model)
+        n_changed = sum(int((before[n] != p).sum()) for n, p in after.items())
+        changed[name] = n_changed / sum(p.numel() for p in after.values())
+        assert all(p.dtype == (torch.bfloat16 if name == "bf16" else torch.float32) for p in after.values())
+    assert changed["mixed"] > 0.9  # every weight with a gradient moves
+    assert changed["bf16"] < 0.5 * changed["mixed"]

@@ -126,3 +126,42 @@ def test_custom_tasks_and_broken_init_raises() -> None:
             e.reset(options={"task_id": "t2"})
     finally:
         e.close()
+
+
+# ------------------------------------------------------------------------------ leftovers (issue 11)
+LEAVE_OPEN = """
+import gc, sys
+from agentgym.envs.code.bash import BashEnv
+env = BashEnv(sandbox=sys.argv[1])
+env.reset(seed=0)
+env.step('<tool_call>{"name": "bash", "arguments": {"cmd": "touch x"}}</tool_call>')
+kept = env
+if sys.argv[2] == "drop":
+    del env, kept
+    gc.collect()
+    import os
+    print("left", len(os.listdir(sys.argv[3])))
+# else: exit without close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["auto", "process"])
+@pytest.mark.parametrize("how", ["drop", "exit"])
+def test_bash_env_without_close_leaves_no_temp_dirs(backend: str, how: str) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="agentgym-leak-test-", dir="/tmp")
+    os.chmod(tmp, 0o755)  # the sandbox uid must reach a session dir bound from here
+    try:
+        r = subprocess.run([sys.executable, "-c", LEAVE_OPEN, backend, how, tmp], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "TMPDIR": tmp})
+        assert r.returncode == 0, r.stderr
+        if how == "drop":
+            assert r.stdout.split() == ["left", "0"], (r.stdout, r.stderr)
+        assert os.listdir(tmp) == [], f"left behind: {os.listdir(tmp)}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import secrets
 from collections.abc import Iterator
 
 import pytest
@@ -128,16 +129,125 @@ def test_harness_cannot_be_faked_by_output_or_early_exit(env: CodeEnv, cheat: st
 
 
 def test_harness_counts_each_assert() -> None:
-    program, nonce, n = T.build_function_harness("def f(x):\n    return x", "", [
+    h = T.build_function_harness("def f(x):\n    return x", "", [
         "assert f(1) == 1", "assert f(2) == 3", "import math", "for i in range(3):\n    assert f(i) == i",
         "assert True, 'not a test'"])
-    assert n == 3
+    assert h.total == 3
+    assert "assert f(2)" not in h.program, "the tests must not be in the program file the sandbox sees"
     box = get_sandbox("auto")
     try:
-        r = box.run(program, stdin=nonce + "\n")
-        assert T.parse_harness_output(r.stdout, nonce, n) == (2, True)
+        r = box.run(h.program, stdin=h.stdin)
+        assert T.parse_harness_output(r.stdout, h.nonce, h.total) == (2, True), r
     finally:
         box.close()
+
+
+# ---------------------------------------------------------------------------------- forging (issue 11)
+FORGERIES = {
+    # call the reporting function the old harness defined before the solution, then exit
+    "call-reporter": "for _i in range(50):\n    try:\n        _ag_report(_i, 1)\n    except Exception:\n        pass\n"
+                     "try:\n    _ag_report('done', 1)\nexcept Exception:\n    pass\nimport os\nos._exit(0)",
+    # find the nonce and the results fd in the process and write fake result lines
+    "nonce-from-memory": (
+        "import gc, os, re, sys\n"
+        "for o in gc.get_objects():\n"
+        "    if callable(o) and getattr(o, '__defaults__', None):\n"
+        "        for d in o.__defaults__:\n"
+        "            if isinstance(d, str) and re.fullmatch('[0-9a-f]{16,32}', d):\n"
+        "                for fd in range(1, 20):\n"
+        "                    try:\n"
+        "                        os.write(fd, ''.join('\\n@@AG %s %s 1\\n' % (d, i) for i in list(range(50)) + ['done'])"
+        ".encode())\n"
+        "                    except OSError:\n"
+        "                        pass\n"
+        "os._exit(0)"),
+    # an answer that claims to equal everything
+    "always-equal": ("class _Eq(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+                     "class _Any:\n    def __eq__(self, other):\n        return True\n    def __bool__(self):\n"
+                     "        return True\n    def __ne__(self, other):\n        return False\n"
+                     "def rotate_left(xs):\n    return _Any()"),
+    # write fake results to every fd of every process of ours, through /proc
+    "proc-fds": ("import os\nfor pid in os.listdir('/proc'):\n    if not pid.isdigit():\n        continue\n"
+                 "    for fd in range(0, 12):\n        try:\n            f = os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY)\n"
+                 "            os.write(f, b'\\n@@AG x 0 1\\n')\n        except OSError:\n            pass\n"
+                 "def rotate_left(xs):\n    return xs"),
+    # read the hidden tests from the sandbox's files, the parent's memory or stdin, and answer from them
+    "read-tests": ("import os, re\nseen = ''\nfor p in ['main.py', '/work/main.py', '/proc/self/cmdline']:\n"
+                   "    try:\n        seen += open(p, errors='replace').read()\n    except OSError:\n        pass\n"
+                   "try:\n    seen += open('/proc/%d/mem' % os.getppid(), 'rb').read(1).decode()\nexcept OSError:\n    pass\n"
+                   "import sys\nseen += sys.stdin.read()\n"
+                   "ANSWERS = dict(re.findall(r'rotate_left\\((\\[[^\\]]*\\])\\) == (\\[[^\\]]*\\])', seen))\n"
+                   "def rotate_left(xs):\n    import ast\n    return ast.literal_eval(ANSWERS.get(str(xs), '[]'))"),
+}
+
+
+@pytest.mark.parametrize("cheat", list(FORGERIES), ids=list(FORGERIES))
+def test_submissions_cannot_forge_hidden_test_results(env: CodeEnv, cheat: str) -> None:
+    task = env.get_task("gen/rotate_left/0")
+    _reset(env, task.task_id)
+    obs, reward, term, _, info = env.step(call("submit", code=FORGERIES[cheat]))
+    assert term and reward == 0.0 and info["success"] is False, obs
+    assert obs[0]["content"].startswith("Passed 0/"), obs
+
+
+def test_real_solutions_still_pass_through_the_plain_data_boundary(env: CodeEnv) -> None:
+    """Mutated arguments, generators, exceptions, classes and numpy-free plain values behave as in-process."""
+    from agentgym.types import TaskSpec
+
+    tests = ["xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
+             "assert list(gen(3)) == [0, 1, 2]",
+             "try:\n    boom()\n    assert False\nexcept ValueError as e:\n    assert 'no' in str(e)",
+             "p = Pair(2, 3)\nassert p.total() == 5 and p.a == 2",
+             "assert big() == 10 ** 5000",
+             "assert nested() == {'a': [1, (2, 3)], 'b': {4}, 'c': b'x', 'd': 1.5, 'e': None, 'f': 1j}",
+             "assert CONST == 7 and math.sqrt(16) == 4",
+             "assert len(Pair(1, 1)) == 2 and 1 in Pair(1, 1) and list(Pair(1, 4)) == [1, 4]"]
+    solution = ("import math\nCONST = 7\ndef sort_in_place(xs):\n    xs.sort()\n"
+                "def gen(n):\n    yield from range(n)\ndef boom():\n    raise ValueError('no')\n"
+                "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+                "    def total(self):\n        return self.a + self.b\n    def __len__(self):\n        return 2\n"
+                "    def __iter__(self):\n        return iter([self.a, self.b])\n"
+                "def big():\n    return 10 ** 5000\n"
+                "def nested():\n    return {'a': [1, (2, 3)], 'b': {4}, 'c': b'x', 'd': 1.5, 'e': None, 'f': 1j}\n")
+    task = TaskSpec("t/plain", "test", "t", {"kind": "function", "prompt": "", "tests": tests, "setup": ""})
+    o = evaluate_submission(env.sandbox, task, solution)
+    assert (o.passed, o.total) == (8, 8), o
+    o = evaluate_submission(env.sandbox, task, "def broken(:\n    pass")
+    assert o.passed == 0 and "SyntaxError" in o.report, o
+
+
+def test_hidden_tests_never_reach_a_later_run(env: CodeEnv) -> None:
+    """After a submission, a run_python in the same (warm) sandbox cannot find the hidden tests in memory."""
+    from agentgym.types import TaskSpec
+
+    marker = "zq" + secrets.token_hex(12)
+    task = TaskSpec("t/leak", "test", "t", {"kind": "function", "prompt": "", "setup": "",
+                                            "tests": [f"assert f(1) == {marker!r}"], "solution": "def f(x):\n    return 0"})
+    for _ in range(3):  # a long submission puts the tests far into the request the worker received
+        o = evaluate_submission(env.sandbox, task, "def f(x):\n    return 0\n" + "# padding\n" * 800)
+        assert o.total == 1
+    head, tail = marker[:10], marker[10:][::-1]
+    scan = f"""
+import ctypes, re
+head, tail = {head!r}.encode(), {tail!r}[::-1].encode()
+found = 0
+regions = []
+with open('/proc/self/maps') as maps:
+    for line in maps:
+        m = re.match(r'([0-9a-f]+)-([0-9a-f]+) r[w-][x-]p', line)
+        if m and '[v' not in line and ('[heap]' in line or len(line.split()) < 6):  # heap and anonymous memory
+            regions.append((int(m.group(1), 16), int(m.group(2), 16)))
+for lo, hi in regions:
+    chunk = ctypes.string_at(lo, hi - lo)
+    i = chunk.find(head)
+    while i >= 0:
+        found += chunk[i + len(head):i + len(head) + len(tail)] == tail
+        i = chunk.find(head, i + 1)
+print('found', found)
+"""
+    for _ in range(3):
+        r = env.sandbox.run(scan, timeout_s=30)
+        assert r.ok and r.stdout == "found 0\n", f"hidden tests leaked into a later run: {r.summary(300)}"
 
 
 def test_mbpp_rows_loader(tmp_path) -> None:

@@ -201,4 +201,40 @@ def test_cli_build_index_and_serve_retriever(tmp_path: Path, wiki_corpus: Path) 
         client.close()
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        proc.communicate(timeout=20)  # also closes the pipes
+
+
+# ------------------------------------------------------------------------------ limits (issue 11)
+@pytest.mark.slow
+def test_server_caps_request_size_and_rate(bm25: BM25Index) -> None:
+    with RetrieverServer(bm25, max_request_bytes=10_000, rate_per_s=5, burst=5) as srv:
+        url = srv.url + "/retrieve"
+        big = {"queries": ["x" * 100] * 200}
+        r = httpx.post(url, json=big, timeout=10)
+        assert r.status_code == 413, r.text
+
+        def chunks() -> Iterator[bytes]:
+            yield b'{"queries": ["'
+            for _ in range(100):
+                yield b"y" * 1000
+            yield b'"]}'
+
+        r = httpx.post(url, content=chunks(), headers={"content-type": "application/json"}, timeout=10)
+        assert r.status_code == 413, "a chunked body with no Content-Length must be cut at the limit too"
+        time.sleep(1.2)
+        codes = [httpx.post(url, json={"queries": ["engine"]}, timeout=10) for _ in range(20)]
+        assert any(c.status_code == 200 for c in codes)
+        limited = [c for c in codes if c.status_code == 429]
+        assert limited and float(limited[0].headers["retry-after"]) > 0
+        assert httpx.get(srv.url + "/health", timeout=10).status_code in (200, 429)
+
+
+@pytest.mark.slow
+def test_client_waits_out_rate_limits(bm25: BM25Index) -> None:
+    with RetrieverServer(bm25, rate_per_s=20, burst=2) as srv:
+        client = RemoteRetriever(srv.url, retries=5)
+        try:
+            for _ in range(10):
+                assert client.search("difference engine", 1)
+        finally:
+            client.close()

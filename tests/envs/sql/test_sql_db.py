@@ -135,7 +135,7 @@ def test_timed_out_write_is_rolled_back(db: EpisodeDB) -> None:
                  "SELECT 'x', n FROM r")
     assert res.timed_out
     assert count(db) == 3
-    assert not db.conn.in_transaction
+    assert not db.in_transaction()
 
 
 def test_multiple_statements_run_nothing(db: EpisodeDB) -> None:
@@ -203,7 +203,11 @@ def test_table_state_hash(snap: bytes) -> None:
         assert a.state_hash() == b.state_hash()
         a.run("UPDATE people SET age = 37 WHERE id = 1")
         assert a.state_hash() != b.state_hash()
-        assert table_state_hash(a.conn, ["people"]) != table_state_hash(b.conn, ["people"])
+        assert a.state_hash(["people"]) != b.state_hash(["people"])
+        local = sqlite3.connect(":memory:")
+        local.executescript(SCRIPT)
+        assert b.state_hash() == table_state_hash(local)  # the worker hashes exactly as the host does
+        local.close()
         b.run("CREATE TABLE extra (x)")
         a.run("UPDATE people SET age = 36 WHERE id = 1")
         assert a.state_hash() != b.state_hash()  # a new table is part of the state
@@ -214,3 +218,78 @@ def test_table_state_hash(snap: bytes) -> None:
 
 def test_query_result_ok_flag() -> None:
     assert QueryResult([], []).ok and not QueryResult([], [], error="x").ok
+
+
+# ------------------------------------------------------------------------------ hardening (issue 11)
+BIG = "printf('%.*c', {n}, 'a')"
+
+
+def test_a_statement_stuck_in_one_sqlite_call_ends_at_its_deadline(snap: bytes) -> None:
+    """trim() on two large strings is one C call (O(n*m)) that no progress handler can interrupt."""
+    ep = EpisodeDB(snap, timeout_s=1.0)
+    try:
+        assert ep.run("INSERT INTO people VALUES (4, 'Kay', 50)").ok
+        assert ep.run("CREATE TABLE notes (x TEXT)").ok
+        assert ep.run("INSERT INTO notes VALUES ('kept')").ok
+        a, b = BIG.format(n=999_000), BIG.format(n=80_000).replace("'a'", "'b'")  # trim's set is capped at ~83k
+        for sql in (f"SELECT length(trim({a}, {b} || 'a'))",
+                    f"SELECT instr({BIG.format(n=999_000)}, {BIG.format(n=450_000)} || 'b')"):
+            t0 = time.monotonic()
+            res = ep.run(sql)
+            took = time.monotonic() - t0
+            assert res.timed_out and not res.ok, res
+            assert took < 1.0 + 2.0, f"the statement ran {took:.1f} s under a 1 s limit"
+            assert count(ep) == 4, "the episode's earlier changes must survive"
+            assert ep.run("SELECT x FROM notes").rows == [("kept",)]
+    finally:
+        ep.close()
+
+
+def _written_chars() -> int:
+    """Bytes written (write syscalls) by this process and its children, from /proc/*/io."""
+    import os
+
+    me = os.getpid()
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if int(name) != me and ppid != me:
+                continue
+            with open(f"/proc/{name}/io") as f:
+                total += int(next(ln for ln in f if ln.startswith("wchar:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
+def test_huge_sorts_stay_in_memory_under_the_cap(snap: bytes) -> None:
+    ep = EpisodeDB(snap, timeout_s=2.5)
+    try:
+        assert ep.run("PRAGMA temp_store").rows == [(2,)]
+        assert not ep.run("PRAGMA temp_store = 0").ok
+        assert not ep.run("PRAGMA hard_heap_limit = 0").ok
+        before = _written_chars()
+        t0 = time.monotonic()
+        res = ep.run("WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT 3000000) "
+                     "SELECT i % 1000003, count(*), max(randomblob(300)) FROM c GROUP BY 1 ORDER BY 3")
+        assert time.monotonic() - t0 < 2.5 + 2.0
+        written = _written_chars() - before
+        assert written < 50 << 20, f"the sort wrote {written >> 20} MB of temporary files"
+        assert not res.ok and ("memory" in (res.error or "") or res.timed_out), res
+        assert count(ep) == 3
+    finally:
+        ep.close()
+
+
+def test_trailing_semicolons_are_one_statement(db: EpisodeDB) -> None:
+    for sql in ("SELECT 1;;", "SELECT 1 ; ;\n; -- end", "SELECT 1; /* c */ ;", "SELECT ';;' ;;"):
+        res = db.run(sql)
+        assert res.ok and len(res.rows) == 1, (sql, res)
+    for sql in ("SELECT 1;; SELECT 2", "SELECT 1; x", "DELETE FROM people;; DELETE FROM people"):
+        res = db.run(sql)
+        assert not res.ok and "one statement per call" in (res.error or ""), (sql, res)
+    assert count(db) == 3
