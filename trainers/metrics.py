@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GroupLog", "MetricsLogger", "flatten", "flow_counters", "group_summary", "plot_curves", "read_metrics"]
+__all__ = ["GroupLog", "MetricsLogger", "flatten", "flow_counters", "gate_metrics", "group_summary", "plot_curves",
+           "read_metrics"]
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -30,13 +31,39 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def gate_metrics(counters: dict[str, float]) -> dict[str, Any]:
+    """One gate's cumulative decision counters (``DataFlow.stats()["gates"][name]``) with the rates.
+
+    * ``stop_rate``: stops / decisions.
+    * ``precision``: of the audited stops, the share whose group really ended with zero reward
+      variance; ``recall``: of the audited zero-variance groups, the share the gate stopped (audit
+      mode runs every group to the end, so both are known; enforced stops have no final outcome).
+    * ``stop_token_share``: tokens the stopped groups had generated at the decision over their final
+      tokens (audit: ``1 - stop_token_share`` is what enforcing the stops would have saved of them).
+    ``None`` where a rate is undefined (nothing audited yet)."""
+    c = {k: float(v) for k, v in counters.items()}
+    return {
+        **c,
+        "stop_rate": _ratio(c.get("stops", 0.0), c.get("decisions", 0.0)),
+        "precision": _ratio(c.get("audited_correct_stops", 0.0), c.get("audited_stops", 0.0)),
+        "recall": _ratio(c.get("audited_correct_stops", 0.0), c.get("audited_zero_variance", 0.0)),
+        "stop_token_share": _ratio(c.get("stop_tokens_at_decision", 0.0), c.get("stop_final_tokens", 0.0)),
+    }
+
+
 def flow_counters(stats: dict[str, Any]) -> dict[str, Any]:
-    """The cumulative rollout counters of a dataflow ``stats()`` (for each step's metrics)."""
+    """The cumulative rollout counters of a dataflow ``stats()`` (for each step's metrics), with each
+    gate's precision and recall (:func:`gate_metrics`)."""
     g = stats.get("groups") or {}
     return {"groups_finished": g.get("finished", 0), "episodes_finished": g.get("episodes", 0),
             "generated_tokens": g.get("generated_tokens", 0),
             "tasks_skipped": (stats.get("task_stream") or {}).get("skipped", 0),
-            "outcomes": g.get("outcomes", {}), "gates": stats.get("gates", {})}
+            "outcomes": g.get("outcomes", {}),
+            "gates": {name: gate_metrics(c) for name, c in (stats.get("gates") or {}).items()}}
 
 
 def group_summary(group: Any) -> dict[str, Any]:

@@ -349,7 +349,8 @@ class Recipe:
         self.result["steps"] = self.step
         if self._runtime is not None:
             st = await self._runtime.stats()
-            self.result["dataflow"] = {k: st.get(k) for k in ("groups", "gates", "task_stream", "replay")}
+            self.result["dataflow"] = {k: st.get(k) for k in ("groups", "task_stream", "replay")}
+            self.result["dataflow"]["gates"] = flow_counters(st)["gates"]
         await self._checkpoint()
         self._save_final()
         return self.result
