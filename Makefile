@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 .PHONY: help quickstart test test-fast lint apt venv model bench dockerd-start dockerd-stop clean
 
 help:
-	@echo "make quickstart  set everything up, prepare SmolLM2, run the main job (evaluation)"
+	@echo "make quickstart  set everything up, prepare SmolLM2, run the main job (eval + a short training run)"
 	@echo "make test        install everything (apt + venv), lint, run the full suite"
 	@echo "make test-fast   unit and contract tests only (no models, servers or containers)"
 	@echo "make lint        ruff + mypy"
@@ -67,9 +67,10 @@ test-fast: venv
 quickstart: apt venv model
 	$(BIN)/agentgym list
 	$(BIN)/agentgym eval --config configs/eval/experts-all.toml --tasks 5 --seeds 0 --out runs/quickstart-expert
-	$(BIN)/agentgym eval --config configs/eval/smollm2-smoke.toml --out runs/quickstart-smollm2
-	$(BIN)/agentgym report runs/quickstart-expert runs/quickstart-smollm2 --out runs/quickstart-report
-	@echo "transcripts, summaries and plots: runs/quickstart-*"
+	$(BIN)/agentgym collect --env agentgym/Demo-v0 --policy expert --tasks 32 --out runs/quickstart/demo-expert.jsonl
+	$(BIN)/agentgym train --config configs/train/quickstart.toml
+	$(BIN)/agentgym report runs/quickstart-expert runs/quickstart/train/eval/before runs/quickstart/train/eval/after --out runs/quickstart-report
+	@echo "training curve: runs/quickstart/train/curves.png; transcripts, summaries and plots: runs/quickstart*"
 
 bench: venv
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
