@@ -243,6 +243,10 @@ class Shell:
             self._holder.close()
 
 
+_SCRIPT_WRAPPER = ('d=$(mktemp -d) || exit 125; t=$1; shift; timeout -s KILL "$t" "$@" >"$d/o" 2>"$d/e" </dev/null; '
+                   'c=$?; head -c 1048576 "$d/o"; head -c 1048576 "$d/e" >&2; rm -rf "$d"; exit $c')
+
+
 class OSContainer:
     """A task's container: root, no network, limits; init/check scripts and one persistent shell.
 
@@ -293,7 +297,10 @@ class OSContainer:
             cmd = ["python3", "-c", code, *params]
         else:
             raise SandboxError(f"unsupported script language {language!r} (bash or python)")
-        full = ["timeout", "-s", "KILL", f"{max(1, int(timeout_s))}", *cmd]
+        # The script's output goes to files, not to the exec's stream: a child it leaves running in the
+        # background (``sleep 1000 &``, a service an init script starts on purpose) keeps those files open
+        # but not the stream, so the exec returns when ``timeout`` ends the script itself.
+        full = ["sh", "-c", _SCRIPT_WRAPPER, "agentgym-script", f"{max(1, int(timeout_s))}", *cmd]
         try:
             res = self.container.exec_run(full, demux=True, workdir="/root", user="root")
         except Exception as e:

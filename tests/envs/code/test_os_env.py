@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -286,3 +287,29 @@ def test_checker(os_data: Path, docker_ok: None) -> None:
         agentgym.check_env(env)
     finally:
         env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_scripts_end_at_their_deadline_whatever_they_leave_running(docker_ok: None) -> None:
+    """An init or check script that backgrounds a child holding its output, or never ends, returns by its
+    deadline (docker-py's exec_run itself has none); the background child an init script starts survives."""
+    from agentgym.envs.code.os_image import ensure_os_image
+    from agentgym.envs.code.os_shell import OSContainer, docker_client
+
+    client = docker_client()
+    box = OSContainer(client, ensure_os_image(client), memory_mb=256)
+    try:
+        t0 = time.monotonic()
+        res = box.run_script("bash", "sleep 1000 & echo started; echo oops >&2")
+        assert time.monotonic() - t0 < 5
+        assert (res.exit_code, res.stdout, res.stderr, res.timed_out) == (0, "started\n", "oops\n", False)
+        assert box.run_script("bash", "pgrep -x sleep >/dev/null && echo alive").stdout == "alive\n"
+        t0 = time.monotonic()
+        res = box.run_script("python", "import os, time\nos.close(1); os.close(2)\ntime.sleep(1000)", timeout_s=1)
+        assert time.monotonic() - t0 < 5 and res.timed_out
+        res = box.run_script("bash", 'echo "$1-$2"; exit 3', ["a b", "c"])
+        assert (res.exit_code, res.stdout) == (3, "a b-c\n")
+    finally:
+        box.close()
+        client.close()
