@@ -198,7 +198,7 @@ _CONFIG_KEYS = {
     "max_turns": int, "max_tokens": int, "max_total_tokens": int, "max_wall_s": float, "temperature": float,
     "top_p": float, "concurrency": int, "parser": str, "history": str, "env_kwarg": list,
     "retry_errors": bool, "sampling_seeds": bool, "batch_requests": bool, "quiet": bool,
-    "request_timeout": float, "deadline": float,
+    "request_timeout": float, "deadline": float, "env_workers": str,
 }
 
 
@@ -306,6 +306,9 @@ def register(app: typer.Typer) -> None:
         deadline: Annotated[float | None, typer.Option(
             "--deadline", help="Seconds the whole run may take; then it stops, keeps what finished and exits "
             "with status 3 (rerun to resume).")] = None,
+        env_workers: Annotated[str, typer.Option(
+            "--env-workers", help="'thread' (default) or 'process': each env in its own process, killed when a "
+            "step or reset hangs past its timeout (for envs that can block in C code).")] = "thread",
     ) -> None:
         """Evaluate a policy over envs with a recorded protocol; writes episodes.jsonl and summary.json."""
         import asyncio
@@ -332,7 +335,7 @@ def register(app: typer.Typer) -> None:
                                                                 p["parser"], p["history"])
             env_kwarg, retry_errors, sampling_seeds, batch_requests, quiet = (
                 p["env_kwarg"], p["retry_errors"], p["sampling_seeds"], p["batch_requests"], p["quiet"])
-            request_timeout, deadline = p["request_timeout"], p["deadline"]
+            request_timeout, deadline, env_workers = p["request_timeout"], p["deadline"], p["env_workers"]
         missing = [n for n, v in (("--env", env), ("--policy", policy), ("--out", out)) if v is None]
         if missing:
             _fail(f"missing {', '.join(missing)} (give them on the command line or in --config).")
@@ -351,7 +354,7 @@ def register(app: typer.Typer) -> None:
                 max_tokens=max_tokens, temperature=temperature, top_p=top_p, concurrency=concurrency,
                 parser=parser, history_window=window, env_kwargs=_parse_kwargs(env_kwarg),
                 retry_errors=retry_errors, policy_spec=policy, sampling_seeds=sampling_seeds,
-                batch_requests=batch_requests)
+                batch_requests=batch_requests, env_workers=env_workers)
             if request_timeout is not None:
                 config.policy_timeout_s = float(request_timeout)
             config.validate()

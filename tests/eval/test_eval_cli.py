@@ -54,6 +54,7 @@ def test_eval_demo_expert_then_resume_then_report(tmp_path: Path) -> None:
     (["--env", "agentgym/Demo-v0", "--history", "lots"], "--history must be 'full' or a number"),
     (["--env", "agentgym/Demo-v0", "--parser", "xml"], "unknown parser 'xml'"),
     (["--env", "agentgym/Demo-v0", "--policy", "py:nosuchmodule:x"], "cannot import x from nosuchmodule"),
+    (["--env", "agentgym/Demo-v0", "--env-workers", "fork"], "env_workers must be 'thread' or 'process'"),
 ])
 def test_invalid_arguments_get_clear_messages(tmp_path: Path, extra: list[str], message: str) -> None:
     args = ["eval", "--policy", "expert", "--out", str(tmp_path / "o"), "-q", *extra]
@@ -61,6 +62,18 @@ def test_invalid_arguments_get_clear_messages(tmp_path: Path, extra: list[str], 
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in " ".join(r.stderr.split()), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_envs_in_worker_processes_give_the_same_results(tmp_path: Path) -> None:
+    outs = {}
+    for workers in ("thread", "process"):
+        out = tmp_path / workers
+        r = run("eval", "--env", "agentgym/Demo-v0", "--policy", "expert", "--split", "test", "--tasks", "4",
+                "--env-workers", workers, "--out", str(out), "-q")
+        assert r.returncode == 0, r.stderr
+        outs[workers] = sorted((e["task_id"], e["reward"], e["turns"]) for e in
+                               map(json.loads, (out / "episodes.jsonl").read_text().splitlines()))
+    assert outs["thread"] == outs["process"] and len(outs["thread"]) == 4
 
 
 def test_report_on_a_non_run_directory(tmp_path: Path) -> None:
