@@ -230,7 +230,8 @@ def _replay(env: Any, episodes: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _start_server(port: int, index_dir: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym", "serve-retriever", str(index_dir), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym", "serve-retriever", str(index_dir), "--port", str(port),
+                             "--rate-limit", "0"],  # raw throughput: per-client throttling would cap both sides
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     from agentgym.envs.search.remote import RemoteRetriever
 

@@ -46,9 +46,9 @@ def serve_retriever_cmd(
     max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", help="Largest request body (413 "
                                                    "beyond it).")] = 4 << 20,
     rate_limit: Annotated[float, typer.Option("--rate-limit", help="Requests per second per client address "
-                                              "(429 beyond it); 0 = no limit.")] = 200.0,
+                                              "(429 beyond it); 0 = no limit.")] = 1000.0,
     burst: Annotated[int, typer.Option("--burst", help="Requests a client may send at once before "
-                                       "--rate-limit applies.")] = 400,
+                                       "--rate-limit applies.")] = 2000,
     max_connections: Annotated[int, typer.Option("--max-connections", help="Connections served at once "
                                                  "(503 beyond it).")] = 256,
 ) -> None:
