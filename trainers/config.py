@@ -74,6 +74,8 @@ class RunConfig(_Section):
         checkpoint_every: Steps between checkpoints (a crash loses at most this many).
         keep_checkpoints: Older checkpoints are deleted.
         resume: Continue from the newest checkpoint in ``out_dir`` if there is one.
+        time_budget_s: Stop training after this many seconds of the training loop (evaluations during
+            training included, the final one not), checkpoint, then run the final evaluation.
     """
 
     name: str = "run"
@@ -85,6 +87,7 @@ class RunConfig(_Section):
     keep_checkpoints: int = Field(default=2, ge=1)
     resume: bool = True
     threads: int | None = Field(default=None, ge=1)
+    time_budget_s: float | None = Field(default=None, gt=0)
 
 
 class ModelConfig(_Section):

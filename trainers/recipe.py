@@ -337,8 +337,16 @@ class Recipe:
             flat = self.logger.log(self.step - 1, rec) if (self.step - 1) % cfg.log.log_every == 0 else rec
             if self.on_step is not None:
                 self.on_step(flat)
-            if self.step % cfg.run.checkpoint_every == 0 or self.step == self.total_steps or self.stop_requested:
+            over_budget = cfg.run.time_budget_s is not None and time.monotonic() - t_run > cfg.run.time_budget_s
+            if over_budget and self.step < self.total_steps:
+                self.logger.note(f"time budget of {cfg.run.time_budget_s:.0f} s spent after step {self.step} "
+                                 f"of {self.total_steps}: stopping")
+                self.result["stopped_by_time_budget_at_step"] = self.step
+            if (self.step % cfg.run.checkpoint_every == 0 or self.step == self.total_steps or self.stop_requested
+                    or over_budget):
                 await self._checkpoint()
+            if over_budget:
+                break
         if self.stop_requested:
             self.result["interrupted_at_step"] = self.step
             return self.result

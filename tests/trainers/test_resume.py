@@ -140,3 +140,13 @@ def test_a_batch_where_every_group_was_filtered(tiny_model: str, tmp_path: Path,
     rows = _curve(tmp_path)
     assert all(r["train/skipped"] == "all groups filtered" and r["version"] == 0 for r in rows)
     assert "every group was filtered" in capsys.readouterr().err
+
+
+def test_time_budget_stops_the_run_then_evaluates(tiny_model: str, tmp_path: Path) -> None:
+    cfg = _cfg(tiny_model, tmp_path, 1000, time_budget_s=0.01)
+    cfg.eval.after = True
+    cfg.eval.tasks = 2
+    res = run_training(cfg)
+    assert res["stopped_by_time_budget_at_step"] == res["steps"] == 1  # one step always runs
+    assert res["after"]["episodes"] == 2
+    assert (tmp_path / "final" / "model.safetensors").is_file()
