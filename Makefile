@@ -68,7 +68,7 @@ quickstart: apt venv model
 	$(BIN)/agentgym list
 	$(BIN)/agentgym eval --config configs/eval/experts-all.toml --tasks 5 --seeds 0 --out runs/quickstart-expert
 	$(BIN)/agentgym collect --env agentgym/Demo-v0 --policy expert --tasks 32 --out runs/quickstart/demo-expert.jsonl
-	$(BIN)/agentgym train --config configs/train/quickstart.toml
+	$(BIN)/agentgym train --config configs/train/quickstart.toml --set run.resume=false
 	$(BIN)/agentgym report runs/quickstart-expert runs/quickstart/train/eval/before runs/quickstart/train/eval/after --out runs/quickstart-report
 	@echo "training curve: runs/quickstart/train/curves.png; transcripts, summaries and plots: runs/quickstart*"
 

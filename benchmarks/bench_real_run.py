@@ -41,21 +41,33 @@ def sh(*args: str) -> float:
 
 def stage(result: dict[str, Any], key: str) -> dict[str, Any]:
     ev = result[key]
-    return {"success": ev["success"], "ci95": ev["success_ci95"], "episodes": ev["episodes"], "eval_wall_s": round(ev["wall_s"], 1)}
+    return {"success": ev["success"], "ci95": ev["success_ci95"], "episodes": ev["episodes"],
+            "eval_wall_s": round(ev["wall_s"], 1) if ev.get("wall_s") == ev.get("wall_s") else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--skip-sft", action="store_true", help="reuse runs/real/sft (stage 1 already ran)")
+    ap.add_argument("--summarize", action="store_true", help="run nothing: build the JSON from runs/real")
+    ap.add_argument("--note", default="", help="recorded in the JSON")
+    ap.add_argument("--grpo-step", type=int, default=None, help="the GRPO checkpoint step --grpo-eval evaluated")
+    ap.add_argument("--grpo-eval", default=None, help="an `agentgym eval` folder of a GRPO checkpoint, run with the "
+                    "same protocol, used when the GRPO stage did not reach its own final eval")
     args = ap.parse_args()
     walls: dict[str, float] = {}
-    if not args.skip_sft:
+    if not args.skip_sft and not args.summarize:
         walls["collect_s"] = sh("collect", "--env", "agentgym/Search-v0", "--policy", "expert", "--tasks", "96",
                                 "--out", str(RUN / "expert.jsonl"))
         walls["sft_stage_s"] = sh("train", "--config", "configs/train/search-sft.toml", "--set", "run.resume=false")
-    walls["grpo_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=false")
+    if not args.summarize:
+        walls["grpo_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=false")
     sft = json.loads((RUN / "sft" / "result.json").read_text())
-    rl = json.loads((RUN / "grpo" / "result.json").read_text())
+    rl_file = RUN / "grpo" / "result.json"
+    rl = json.loads(rl_file.read_text()) if rl_file.exists() else {}
+    if args.grpo_eval:
+        ev = json.loads((Path(args.grpo_eval) / "summary.json").read_text())["overall"]
+        rl["after"] = {"success": ev["success"]["mean"], "success_ci95": ev["success"]["ci95"],
+                       "episodes": ev["episodes"], "wall_s": float("nan")}
     rows = [json.loads(x) for x in (RUN / "grpo" / "metrics.jsonl").read_text().splitlines()]
     curve = [{"step": r["step"], "reward": r.get("rollout/reward_mean"), "elapsed_s": r.get("elapsed_s")}
              for r in rows if r.get("rollout/reward_mean") is not None]
@@ -63,8 +75,14 @@ def main() -> None:
         "env": "agentgym/Search-v0", "model": "SmolLM2-135M-Instruct",
         "protocol": "held-out test split, 60 tasks x 5 seeds, T=0.7 with per-turn sampling seeds; 95% CI over seeds",
         "base": stage(sft, "before"), "sft": stage(sft, "after"), "sft_plus_grpo": stage(rl, "after"),
+        "paired_difference": _paired(RUN / "sft" / "eval" / "after",
+                                     Path(args.grpo_eval) if args.grpo_eval else RUN / "grpo" / "eval" / "after"),
+        "grpo_eval_source": args.grpo_eval or "the GRPO run's own final eval",
+        "note": args.note,
         "sft_train_s": round(sft.get("train_wall_s", 0.0), 1), "sft_steps": sft.get("steps"),
-        "grpo_train_s": round(rl.get("train_wall_s", 0.0), 1), "grpo_steps": rl.get("steps"),
+        "grpo_train_s": round(rl.get("train_wall_s") or _elapsed_at(rows, args.grpo_step), 1),
+        "grpo_steps": rl.get("steps") or args.grpo_step,
+        "grpo_steps_logged": max((r["step"] for r in rows if "rollout/reward_mean" in r), default=-1) + 1,
         "grpo_stopped_by_time_budget_at_step": rl.get("stopped_by_time_budget_at_step"),
         "stage_wall_s": {k: round(v, 1) for k, v in walls.items()},
         "grpo_training_reward_curve": curve,
@@ -79,6 +97,31 @@ def main() -> None:
         s = out[k]
         print(f"{k:>14}: {100 * s['success']:.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] ({s['episodes']} episodes)")
     print(f"SFT {out['sft_train_s']} s, GRPO {out['grpo_train_s']} s ({out['grpo_steps']} steps); wrote {RESULTS / 'real_run.json'}")
+
+
+def _elapsed_at(rows: list[dict[str, Any]], step: int | None) -> float:
+    """Training-loop seconds when step ``step`` had finished (from metrics.jsonl)."""
+    hits = [r["elapsed_s"] for r in rows if step is not None and r.get("step") == step - 1 and "elapsed_s" in r]
+    return float(hits[0]) if hits else 0.0
+
+
+def _paired(a: Path, b: Path, n_boot: int = 10000) -> dict[str, Any]:
+    """SFT+GRPO minus SFT on the same (task, seed) episodes: mean and a 95% bootstrap CI over tasks."""
+    import random
+
+    def load(d: Path) -> dict[tuple[str, str], float]:
+        rows = [json.loads(x) for x in (d / "episodes.jsonl").read_text().splitlines()]
+        return {(r["task_id"], r["group_id"]): float(r["success"]) for r in rows}
+
+    x, y = load(a), load(b)
+    tasks: dict[str, list[float]] = {}
+    for k in sorted(set(x) & set(y)):
+        tasks.setdefault(k[0], []).append(y[k] - x[k])
+    per = [sum(v) / len(v) for v in tasks.values()]
+    rng = random.Random(0)
+    boots = sorted(sum(rng.choice(per) for _ in per) / len(per) for _ in range(n_boot))
+    return {"episodes": sum(len(v) for v in tasks.values()), "tasks": len(per), "mean": sum(per) / len(per),
+            "ci95_bootstrap_over_tasks": [boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot)]]}
 
 
 def _plot(out: dict[str, Any], path: Path) -> None:

