@@ -522,7 +522,7 @@ def run(req):
         int(req["max_output_bytes"]))
     # The namespace's init reports the program's wait status as soon as the program exits, then
     # exits itself, which kills any leftovers. Answer right away; the collector reaps it after.
-    deadline = t0 + float(req["timeout_s"]) + 1.0
+    deadline = t0 + float(req["timeout_s"]) + 0.25
     raw = b""
     while True:
         r, _, _ = select.select([st_r], [], [], max(0.0, deadline - time.monotonic()))

@@ -47,7 +47,9 @@ class ExecResult:
         stdout: Captured standard output (decoded as UTF-8, invalid bytes replaced), capped.
         stderr: Captured standard error, capped.
         exit_code: The exit status; ``-N`` when killed by signal N; ``None`` if it never ran.
-        timed_out: The wall-clock limit was hit and the program was killed.
+        timed_out: The time limit was hit and the program was killed: the wall clock passed
+            ``timeout_s``, or the CPU-time limit derived from it (``ceil(timeout_s) + 1`` seconds)
+            killed it with SIGXCPU, whichever came first.
         oom: The program ran out of memory (memory limit reached).
         truncated: Output exceeded ``max_output_bytes``; the program was killed and output cut.
         duration_s: Wall-clock seconds from start to the end of collection.
@@ -64,6 +66,13 @@ class ExecResult:
     duration_s: float = 0.0
     backend: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A busy loop can use up its CPU-time limit a moment before the wall-clock deadline
+        # fires; either way the run ran out of time.
+        if self.exit_code == -signal.SIGXCPU:
+            self.timed_out = True
+            self.oom = False
 
     @property
     def ok(self) -> bool:

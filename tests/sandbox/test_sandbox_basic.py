@@ -291,3 +291,15 @@ def test_uid_leases_are_unique_across_processes() -> None:
             for f in (p.stdin, p.stdout):
                 if f is not None:
                     f.close()
+
+
+def test_a_run_killed_by_its_cpu_time_limit_counts_as_timed_out() -> None:
+    # The CPU-time limit is derived from timeout_s; a busy loop can hit it a moment before the
+    # wall-clock deadline fires (seen on CI with bwrap-warm), and that is still a timeout.
+    import signal
+
+    from agentgym.sandbox.base import ExecResult
+
+    r = ExecResult(exit_code=-signal.SIGXCPU, backend="x")
+    assert r.timed_out and not r.ok and not r.oom
+    assert not ExecResult(exit_code=-signal.SIGKILL).timed_out
