@@ -121,6 +121,8 @@ class MetricsLogger:
         total_steps: For the progress bar.
         tensorboard: Also write TensorBoard event files to ``OUT/tensorboard`` (needs ``tensorboard``).
         progress: Show a rich progress bar (off when not a terminal).
+        start_step: The step a resumed run continues from; records of later steps (lost with the
+            crash, redone now) are dropped from ``metrics.jsonl``.
     """
 
     def __init__(self, out_dir: str | Path, total_steps: int, *, tensorboard: bool = False, progress: bool = True,
@@ -128,6 +130,8 @@ class MetricsLogger:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / "metrics.jsonl"
+        if start_step > 0 and self.path.exists():
+            self._drop_lost_steps(start_step)
         self._tb: Any = None
         if tensorboard:
             try:
@@ -149,6 +153,14 @@ class MetricsLogger:
                                           TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
                 self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
                 self._progress.start()
+
+    def _drop_lost_steps(self, start_step: int) -> None:
+        """A resumed run redoes the steps after its checkpoint: drop their records (and a torn line)
+        so the curve has each step once."""
+        keep = [r for r in read_metrics(self.path) if isinstance(r.get("step"), int) and r["step"] < start_step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in keep))
+        tmp.replace(self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         flat = {"step": step, **{k: _clean(v) for k, v in flatten(metrics).items()}}

@@ -31,6 +31,7 @@ from agentgym.errors import TrainingDiverged
 from .batching import MicroBatch, TrainSample, collate, pack_micro_batches
 from .config import LossConfig, OptimConfig
 from .losses import aggregation_weights, policy_loss, sft_loss
+from .memory import release_free_memory
 from .model import adapter_parameters, token_logprobs
 
 __all__ = ["PolicyTrainer"]
@@ -164,6 +165,9 @@ class PolicyTrainer:
                     self._step(mbs, None if olds is None else olds[k], None if refs is None else refs[k], acc)
         m = acc.metrics()
         tokens = sum(s.num_masked for s in samples)
+        t_trim = time.perf_counter()
+        release_free_memory()  # the step's freed activations go back to the OS (see trainers/memory.py)
+        m["trim_s"] = time.perf_counter() - t_trim
         dt = time.perf_counter() - t0
         m.update({"trained_tokens": tokens, "sequences": len(samples), "train_s": dt,
                   "tokens_per_s": (sum(len(s) for s in samples) * epochs) / dt if dt > 0 else None,

@@ -51,10 +51,13 @@ def test_resumed_run_continues_the_same_curve(tiny_sft_model: str, tmp_path: Pat
     run_training(_cfg(tiny_model, straight, 4))
     run_training(_cfg(tiny_model, split, 2))
     assert json.loads((split / "checkpoints" / "step-000002" / "state.json").read_text())["step"] == 2
+    with open(split / "metrics.jsonl", "a") as fh:  # a step logged, then lost with a crash before its checkpoint
+        fh.write(json.dumps({"step": 2, "lost": True}) + "\n" + '{"step": 3, "tor')
     res = run_training(_cfg(tiny_model, split, 4))  # resumes at step 2
     assert res["steps"] == 4
     a, b = _curve(straight), _curve(split)
-    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    assert [r["step"] for r in b] == [0, 1, 2, 3]  # each step once: the lost record and the torn line are gone
+    assert not any(r.get("lost") for r in b)
     assert sum(r["train/optimizer_steps"] for r in a) >= 3
     for ra, rb in zip(a, b, strict=True):
         assert ra["rollout/reward_mean"] == pytest.approx(rb["rollout/reward_mean"], abs=1e-9)

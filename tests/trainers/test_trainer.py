@@ -39,6 +39,7 @@ def test_a_step_changes_weights_and_reports_metrics(tiny_model: str, tiny_tokeni
     m = tr.train_on(_samples(tiny_tokenizer))
     assert m["optimizer_steps"] == 1 and m["micro_batches"] >= 2  # 4 x ~20 tokens under a 64-token budget
     assert 0 < m["padding_efficiency"] <= 1 and m["trained_tokens"] > 0
+    assert m["trim_s"] >= 0  # freed memory handed back after the step (tests/trainers/test_memory.py)
     for k in ("loss", "grad_norm", "entropy", "ratio", "clip_frac", "tis_weight", "behaviour_logp_abs_diff"):
         assert m[k] is not None, k
     assert m["ratio"] == pytest.approx(1.0)  # one epoch: ratio against itself
