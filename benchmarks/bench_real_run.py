@@ -53,13 +53,19 @@ def main() -> None:
     ap.add_argument("--grpo-step", type=int, default=None, help="the GRPO checkpoint step --grpo-eval evaluated")
     ap.add_argument("--grpo-eval", default=None, help="an `agentgym eval` folder of a GRPO checkpoint, run with the "
                     "same protocol, used when the GRPO stage did not reach its own final eval")
+    ap.add_argument("--resume-grpo", action="store_true", help="run only stage 2 again, resuming from its latest "
+                    "checkpoint (with --skip-sft implied), then summarize")
     args = ap.parse_args()
+    if args.resume_grpo:
+        args.skip_sft = True
     walls: dict[str, float] = {}
     if not args.skip_sft and not args.summarize:
         walls["collect_s"] = sh("collect", "--env", "agentgym/Search-v0", "--policy", "expert", "--tasks", "96",
                                 "--out", str(RUN / "expert.jsonl"))
         walls["sft_stage_s"] = sh("train", "--config", "configs/train/search-sft.toml", "--set", "run.resume=false")
-    if not args.summarize:
+    if args.resume_grpo:  # continue the GRPO stage from its latest checkpoint (a killed or budgeted run)
+        walls["grpo_resumed_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=true")
+    elif not args.summarize:
         walls["grpo_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=false")
     sft = json.loads((RUN / "sft" / "result.json").read_text())
     rl_file = RUN / "grpo" / "result.json"

@@ -16,8 +16,11 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+import resource
+import sys
 
-__all__ = ["release_free_memory"]
+__all__ = ["memory_metrics", "release_free_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +48,16 @@ def release_free_memory() -> bool:
     except OSError as e:  # never fail a training step over housekeeping
         log.debug("malloc_trim failed: %s", e)
         return False
+
+
+def memory_metrics() -> dict[str, float]:
+    """This process's resident size now and its peak so far, in GB (logged every step as ``mem/*``)."""
+    out: dict[str, float] = {}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out["peak_rss_gb"] = peak / (1e9 if sys.platform == "darwin" else 1e9 / 1024)
+    try:
+        with open("/proc/self/statm") as fh:
+            out["rss_gb"] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    return out

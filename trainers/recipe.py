@@ -51,6 +51,7 @@ from agentgym.types import Trajectory
 from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .memory import memory_metrics
 from .metrics import GroupLog, MetricsLogger, flow_counters, plot_curves
 from .model import add_lora, load_causal_lm
 from .publish import WeightPublisher
@@ -334,6 +335,7 @@ class Recipe:
                 ev = await self._evaluate(f"step-{self.step:06d}")
                 rec["eval"] = {"success": ev["success"]}
             rec["elapsed_s"] = time.monotonic() - t_run
+            rec["mem"] = memory_metrics()
             flat = self.logger.log(self.step - 1, rec) if (self.step - 1) % cfg.log.log_every == 0 else rec
             if self.on_step is not None:
                 self.on_step(flat)

@@ -42,3 +42,12 @@ def test_freed_chunks_go_back_to_the_os() -> None:
     released, before, after = _run("trim")
     assert released
     assert before - after > 400, f"RSS {before} -> {after} MiB: the freed 600 MB stayed resident"
+
+
+def test_memory_metrics_are_plausible() -> None:
+    from agentgym.trainers.memory import memory_metrics
+
+    m = memory_metrics()
+    assert 0.01 < m["peak_rss_gb"] < 1000
+    if "rss_gb" in m:
+        assert 0.01 < m["rss_gb"] <= m["peak_rss_gb"] * 1.01
