@@ -55,6 +55,8 @@ def main() -> None:
                     "same protocol, used when the GRPO stage did not reach its own final eval")
     ap.add_argument("--resume-grpo", action="store_true", help="run only stage 2 again, resuming from its latest "
                     "checkpoint (with --skip-sft implied), then summarize")
+    ap.add_argument("--grpo-budget-s", type=float, default=None, help="with --resume-grpo: the resumed stage's "
+                    "run.time_budget_s (what is left of the hour)")
     args = ap.parse_args()
     if args.resume_grpo:
         args.skip_sft = True
@@ -64,7 +66,9 @@ def main() -> None:
                                 "--out", str(RUN / "expert.jsonl"))
         walls["sft_stage_s"] = sh("train", "--config", "configs/train/search-sft.toml", "--set", "run.resume=false")
     if args.resume_grpo:  # continue the GRPO stage from its latest checkpoint (a killed or budgeted run)
-        walls["grpo_resumed_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=true")
+        extra = ["--set", f"run.time_budget_s={args.grpo_budget_s}"] if args.grpo_budget_s else []
+        walls["grpo_resumed_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=true",
+                                           *extra)
     elif not args.summarize:
         walls["grpo_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=false")
     sft = json.loads((RUN / "sft" / "result.json").read_text())
