@@ -90,7 +90,10 @@ def main() -> None:
         "grpo_eval_source": args.grpo_eval or "the GRPO run's own final eval",
         "note": args.note,
         "sft_train_s": round(sft.get("train_wall_s", 0.0), 1), "sft_steps": sft.get("steps"),
-        "grpo_train_s": round(rl.get("train_wall_s") or _elapsed_at(rows, args.grpo_step), 1),
+        "grpo_train_s": round(_elapsed_at(rows, args.grpo_step) if args.grpo_step else _train_seconds(rows), 1),
+        # the SFT stage's loop time less its two evals (base model, then the SFT model)
+        "sft_training_only_s": round(sft.get("train_wall_s", 0.0) - sft["before"].get("wall_s", 0.0)
+                                     - sft["after"].get("wall_s", 0.0), 1),
         "grpo_steps": rl.get("steps") or args.grpo_step,
         "grpo_steps_logged": max((r["step"] for r in rows if "rollout/reward_mean" in r), default=-1) + 1,
         "grpo_stopped_by_time_budget_at_step": rl.get("stopped_by_time_budget_at_step"),
@@ -107,6 +110,20 @@ def main() -> None:
         s = out[k]
         print(f"{k:>14}: {100 * s['success']:.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] ({s['episodes']} episodes)")
     print(f"SFT {out['sft_train_s']} s, GRPO {out['grpo_train_s']} s ({out['grpo_steps']} steps); wrote {RESULTS / 'real_run.json'}")
+
+
+def _train_seconds(rows: list[dict[str, Any]]) -> float:
+    """Training-loop seconds over every invocation of a run (a resumed run restarts ``elapsed_s``): the sum of
+    each segment's last ``elapsed_s``. The final eval is not included; a ``before`` eval is (subtract it)."""
+    total = last = 0.0
+    for r in rows:
+        e = r.get("elapsed_s")
+        if not isinstance(e, (int, float)):
+            continue
+        if e < last:  # a new invocation
+            total += last
+        last = e
+    return total + last
 
 
 def _elapsed_at(rows: list[dict[str, Any]], step: int | None) -> float:
@@ -142,7 +159,13 @@ def _plot(out: dict[str, Any], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     c = out["grpo_training_reward_curve"]
-    a.plot([r["step"] for r in c], [r["reward"] for r in c], marker=".", label="GRPO rollouts (T=1.0)")
+    a.plot([r["step"] for r in c], [r["reward"] for r in c], marker=".", alpha=0.5, label="per step (T=1.0)")
+    ys = [r["reward"] for r in c]
+    win = 8
+    if len(ys) >= win:
+        a.plot([r["step"] for r in c][win - 1:], [sum(ys[i - win + 1:i + 1]) / win for i in range(win - 1, len(ys))],
+               lw=2, label=f"mean of the last {win} steps")
+    a.legend(fontsize=8)
     a.set_xlabel("GRPO step")
     a.set_ylabel("mean reward")
     a.set_title("training reward")
