@@ -28,12 +28,14 @@ can load: ``model.path = "OUT/final"``) and ``result.json`` (before/after succes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import importlib
 import json
 import logging
 import math
+import os
 import random
 import signal
 import time
@@ -60,6 +62,20 @@ from .sft import sft_samples
 from .trainer import PolicyTrainer
 
 __all__ = ["Recipe", "load_transcripts", "run_training"]
+
+# Run-folder locks this process holds. A forked child (vLLM's engine core, a multiprocessing worker) must not
+# keep a copy: an flock lives as long as any descriptor of it, and the folder would stay locked after cleanup.
+_LOCK_FDS: set[int] = set()
+
+
+def _close_lock_fds_in_child() -> None:
+    for fd in list(_LOCK_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 log = logging.getLogger(__name__)
 _DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -110,11 +126,13 @@ class Recipe:
         self._flow_state: dict[str, Any] | None = None
         self._sft: list[TrainSample] = []
         self.logger: MetricsLogger | None = None
+        self._lock_fd: int | None = None
 
     # ================================================================== setup
     def setup(self) -> None:
         """Seeds, models, trainers, rollout policies and the engine; resumes from a checkpoint."""
         cfg = self.cfg
+        self._lock_out_dir()
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         random.seed(cfg.run.seed)
@@ -156,6 +174,26 @@ class Recipe:
                                     progress=cfg.log.progress, start_step=self.step)
         if ck is not None:
             self.logger.note(f"resumed from {ck} at step {self.step}")
+
+    def _lock_out_dir(self) -> None:
+        """One run per folder: a second ``agentgym train`` on the same ``run.out_dir`` (a leftover process, a
+        second terminal) would interleave its metrics and overwrite checkpoints. The lock is an ``flock`` on
+        ``OUT/.lock``, dropped by the kernel however the holder ends."""
+        import fcntl
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigurationError(f"run folder {self.out} is in use by another training run (pid {holder}); "
+                                     "wait for it or stop it, or set run.out_dir to another folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        _LOCK_FDS.add(fd)
 
     def _fresh_start(self) -> None:
         """A run that does not resume starts a new curve: drop the old run's metrics, evals and checkpoints."""
@@ -507,7 +545,17 @@ class Recipe:
 
     # ================================================================== cleanup
     def cleanup(self) -> None:
-        """Stop engines and policies, close logs, draw the curves."""
+        """Stop engines and policies, close logs, draw the curves; release the run folder."""
+        if self._lock_fd is None:
+            return  # setup never got the folder: nothing of ours is in it
+        try:
+            self._cleanup()
+        finally:
+            _LOCK_FDS.discard(self._lock_fd)
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
+
+    def _cleanup(self) -> None:
         if self.logger is not None:
             self.logger.close()
         for p in self.rollout_policies.values():

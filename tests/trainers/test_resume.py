@@ -153,3 +153,30 @@ def test_time_budget_stops_the_run_then_evaluates(tiny_model: str, tmp_path: Pat
     assert res["stopped_by_time_budget_at_step"] == res["steps"] == 1  # one step always runs
     assert res["after"]["episodes"] == 2
     assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_a_second_run_on_the_same_folder_is_refused(tiny_model: str, tmp_path: Path) -> None:
+    from agentgym.trainers.recipe import Recipe
+
+    from agentgym.errors import ConfigurationError
+
+    first = Recipe(_cfg(tiny_model, tmp_path, 1))
+    first._lock_out_dir()  # as setup does first; held until cleanup
+    try:
+        (tmp_path / "curves.png").write_bytes(b"the first run's")
+        with pytest.raises(ConfigurationError, match=rf"in use by another training run \(pid {os.getpid()}\)"):
+            run_training(_cfg(tiny_model, tmp_path, 1, resume=False))
+        assert (tmp_path / "curves.png").read_bytes() == b"the first run's"  # the refused run touched nothing
+        pid = os.fork()  # a forked child (vLLM's engine core) must not keep the folder locked after cleanup
+        if pid == 0:
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+    finally:
+        first.cleanup()
+    try:
+        assert run_training(_cfg(tiny_model, tmp_path, 1))["steps"] == 1  # released: the folder is usable again
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
