@@ -249,7 +249,10 @@ def main() -> None:
             res = multi_section(args.multi_config, args.steps or (2 if args.quick else 6))
         else:
             raise SystemExit(f"unknown section {section!r}")
-        res["command"] = f"python benchmarks/bench_dataflow.py --sections {section}" + (" --quick" if args.quick else "")
+        res["command"] = (f"python benchmarks/bench_dataflow.py --sections {section}" + (" --quick" if args.quick else "")
+                          + (f" --steps {args.steps}" if args.steps and section != "elastic" else "")
+                          + (f" --staleness {args.staleness}" if section == "async" and args.staleness != "0,1,2,4" else "")
+                          + (" --skip-vllm" if section == "elastic" and args.skip_vllm else ""))
         res["loadavg_start_end"] = [t0[0], os.getloadavg()[0]]
         results[section] = res
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
