@@ -23,11 +23,18 @@ QUESTION_ROWS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="package")
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+@pytest.fixture(scope="session")
+def _search_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("agentgym-cache")
+
+
+# Module scope, not package: tests/ has no __init__.py files, so a "package" fixture here would live
+# for the whole session and point every later test (the model cache included) at this temp folder.
+@pytest.fixture(autouse=True, scope="module")
+def _isolated_cache(_search_cache_dir: Path) -> Iterator[None]:
     """Keep the search index cache out of the user's home during these tests, then restore the env."""
     old = os.environ.get("AGENTGYM_CACHE")
-    os.environ["AGENTGYM_CACHE"] = str(tmp_path_factory.mktemp("agentgym-cache"))
+    os.environ["AGENTGYM_CACHE"] = str(_search_cache_dir)
     yield
     if old is None:
         os.environ.pop("AGENTGYM_CACHE", None)
