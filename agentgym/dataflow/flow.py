@@ -431,7 +431,8 @@ class DataFlow:
 
         Tickets not yet trained, filtered or expired (in flight, buffered) are recorded with their ids,
         so a resumed run submits the same tasks again (same ids, so the same derived sampling seeds)
-        before drawing new ones: no task is skipped by a crash.
+        before drawing new ones: no task is skipped by a crash. The replay buffers are saved with their
+        groups, so a resumed run replays what the interrupted one kept.
         """
         open_tickets = [{"ticket_id": t.ticket_id, "env_id": t.task.env_id, "task_id": t.task.task_id,
                          "seed": t.task.seed, "info": t.task.info}
@@ -440,7 +441,8 @@ class DataFlow:
         n = next(self._ids)
         self._ids = itertools.count(n)  # peeking must not skip an id
         return {"stream": self.stream.state_dict(), "versions": dict(self.versions), "served": dict(self.served),
-                "consumed": dict(self.consumed), "done": dict(self.done), "next_id": n, "open": open_tickets}
+                "consumed": dict(self.consumed), "done": dict(self.done), "next_id": n, "open": open_tickets,
+                "replay": {p: r.state_dict() for p, r in self.replay.items() if len(r) or r.added}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state["stream"])
@@ -449,6 +451,9 @@ class DataFlow:
         self.consumed.update(state.get("consumed", {}))
         self.done.update(state.get("done", {}))
         self._ids = itertools.count(int(state.get("next_id", 0)))
+        for p, rs in (state.get("replay") or {}).items():
+            if p in self.replay:
+                self.replay[p].load_state_dict(rs)
         for o in sorted(state.get("open", []), key=lambda o: _ticket_no(o["ticket_id"])):
             task = TaskRef(o["env_id"], o["task_id"], o["seed"], dict(o.get("info") or {}))
             ticket = Ticket(o["ticket_id"], task, self.config.workflow, tuple(self.config.policies))

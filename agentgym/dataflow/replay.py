@@ -21,14 +21,22 @@ behaviour logprobs, ``loss.tis_cap``), as POPO's decoupled importance sampling d
 
 ``max_age``: groups more than this many versions old are dropped (``None``: kept until the buffer's
 ``size`` pushes them out).
+
+The buffer is part of a training checkpoint (:meth:`GroupReplay.state_dict`, through
+:meth:`~agentgym.dataflow.flow.DataFlow.state_dict`), so a resumed run replays what the interrupted
+one would have: the kept groups (gzip-compressed JSON, base64), their versions, the counters and the
+draw RNG.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
+import json
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from agentgym.errors import ConfigurationError
 from agentgym.types import TrajectoryGroup
@@ -121,6 +129,25 @@ class GroupReplay:
         raw = [(n * p) ** -self.beta for p in self.probabilities(now)]
         top = max(raw)
         return [r / top for r in raw]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer's contents, counters and RNG, JSON-serialisable (groups as compressed JSON)."""
+        rows = [{"version": e.version, "group": e.group.to_dict()} for e in self.entries]
+        blob = gzip.compress(json.dumps(rows, separators=(",", ":")).encode(), compresslevel=6)
+        version, internal, gauss = self.rng.getstate()
+        return {"size": self.entries.maxlen, "added": self.added, "refused": self.refused,
+                "rng": [version, list(internal), gauss], "entries_gz_b64": base64.b64encode(blob).decode("ascii")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (the buffer's own ``size`` bounds what is kept)."""
+        rows = json.loads(gzip.decompress(base64.b64decode(state["entries_gz_b64"])))
+        self.entries = deque((_Entry(TrajectoryGroup.from_dict(r["group"]), int(r["version"])) for r in rows),
+                             maxlen=self.entries.maxlen)
+        self.added = int(state.get("added", len(self.entries)))
+        self.refused = int(state.get("refused", 0))
+        if state.get("rng") is not None:
+            version, internal, gauss = state["rng"]
+            self.rng.setstate((version, tuple(internal), gauss))
 
     def sample(self, n: int, now: int) -> list[tuple[TrajectoryGroup, float]]:
         """``n`` groups to replay at version ``now`` with their weights (fewer if the buffer is short

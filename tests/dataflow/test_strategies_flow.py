@@ -93,6 +93,27 @@ def test_replay_max_age_drops_old_groups() -> None:
     assert got == {"v3", "v4"} and len(r) == 2
 
 
+def test_replay_buffer_round_trips_through_a_json_checkpoint() -> None:
+    import json
+
+    r = GroupReplay(size=4, priority="recency", half_life=2.0, seed=3)
+    for i in range(6):
+        g = _group(f"g{i}", [0.0, 1.0, 0.5])
+        g.trajectories[0].info["note"] = f"kept {i}"
+        r.add(g, i)
+    r.add(_group("zv", [1.0, 1.0]), 6)
+    r.sample(2, now=6)  # advance the RNG: the restored one must continue from here
+    state = json.loads(json.dumps(r.state_dict()))  # what a checkpoint's state.json holds
+    back = GroupReplay(size=4, priority="recency", half_life=2.0, seed=99)
+    back.load_state_dict(state)
+    assert [(e.group.group_id, e.version) for e in back.entries] == [(f"g{i}", i) for i in range(2, 6)]
+    assert back.entries[0].group.trajectories[0].info["note"] == "kept 2"
+    assert [t.reward for t in back.entries[-1].group.trajectories] == [0.0, 1.0, 0.5]
+    assert (back.added, back.refused) == (6, 1)
+    # the same draws, in the same order, as the buffer that was saved
+    assert [(g.group_id, w) for g, w in back.sample(5, now=7)] == [(g.group_id, w) for g, w in r.sample(5, now=7)]
+
+
 def test_replay_configuration_errors_are_reported_together() -> None:
     with pytest.raises(ConfigurationError) as e:
         GroupReplay(size=0, priority="lifo", half_life=0, beta=2.0, max_age=-1)  # type: ignore[arg-type]
@@ -168,6 +189,19 @@ async def test_replay_fill_puts_replayed_groups_where_filtered_ones_were() -> No
     st = flow.stats()
     assert st["groups"]["outcomes"]["policy"].get("filtered:zero_variance", 0) == filtered
     assert st["replay"]["policy"]["added"] >= 1
+
+
+async def test_a_resumed_flow_keeps_its_replay_buffer() -> None:
+    flow, _ = await _run(6, 0.15, replay_ratio=0.5, replay_priority="recency")
+    kept = [(e.group.group_id, e.version) for e in flow.replay["policy"].entries]
+    assert kept, "the run kept no informative group to replay"
+    state = flow.state_dict()
+    assert "policy" in state["replay"]
+    fresh = DataFlow(TaskStream(TASKS, seed=0), DataflowConfig(groups_per_step=3, replay_ratio=0.5,
+                                                                replay_priority="recency"))
+    fresh.load_state_dict(state)
+    assert [(e.group.group_id, e.version) for e in fresh.replay["policy"].entries] == kept
+    assert fresh.replay["policy"].added == flow.replay["policy"].added
 
 
 async def test_no_refill_returns_short_batches_and_rolls_no_extra_groups() -> None:
