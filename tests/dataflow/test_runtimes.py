@@ -103,3 +103,25 @@ async def test_contract_late_joiner_gets_weights_first(kind: str) -> None:
     finally:
         await rt.stop()
     assert batch.versions == [2, 2] and staleness == [0] * 4
+
+
+async def test_contract_greso_skips_zero_variance_tasks(kind: str) -> None:
+    from agentgym.dataflow.tasks import ZeroVarianceSkipper
+
+    skipped = {}
+    for skip in (False, True):
+        rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=0, poll_s=0.05,
+                                                      filter_zero_variance=False),
+                          skipper=ZeroVarianceSkipper(patience=1, explore=0.25) if skip else None)
+        await rt.start()
+        try:
+            await rt.add_service(spec("a", p_fail=0.0))  # every member succeeds: every group is zero-variance
+            _, tickets = await trainer(rt, 4)
+            await rt.drain(timeout=60)
+            counts = await rt.check_ledger(drained=True)
+            skipped[skip] = (await rt.stats())["task_stream"]["skipped"]
+        finally:
+            await rt.stop()
+        assert len(tickets) == len(set(tickets)) == counts["states"]["trained"] == 12
+    # once each task gave a zero-variance group, most later draws of it are skipped (the floor lets some through)
+    assert skipped[False] == 0 and skipped[True] >= 3
