@@ -40,6 +40,7 @@ from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycl
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
 
 RESULTS = Path(__file__).parent / "results" / "dataflow.json"
+PLOT = Path(__file__).parent / "results" / "dataflow_async.png"
 
 
 class FixedLatencyDemoPlayer(PolicyLifecycle):
@@ -204,6 +205,33 @@ def async_section(config: str, steps: int, staleness: list[int]) -> dict[str, An
                           "rollout and training share the same cores, so overlap buys less than on separate GPUs"}
 
 
+def plot_async(res: dict[str, Any], path: Path) -> None:
+    """Training reward per step (left) and against wall-clock (right), one line per ``max_staleness``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for run in res["runs"]:
+        ys = run["reward_curve"]
+        label = f"max_staleness={run['max_staleness']}" + (" (sync)" if run["max_staleness"] == 0 else "")
+        a.plot(range(1, len(ys) + 1), ys, marker=".", label=label)
+        per = run["wall_s"] / max(1, len(ys))  # the runs' step times are even enough for a per-step average
+        b.plot([per * (i + 1) for i in range(len(ys))], ys, marker=".", label=label)
+    a.set_xlabel("optimizer step")
+    a.set_ylabel("training reward (mean over the batch)")
+    b.set_xlabel("wall-clock (s, average step time)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.suptitle(f"{res['config']}: synchronous vs asynchronous, same optimizer steps")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def multi_section(config: str, steps: int) -> dict[str, Any]:
     out = {}
     for schedule, n in (("concurrent", steps), ("alternating", 2 * steps)):
@@ -231,11 +259,16 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.1, help="simulated policy latency per call (s)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--config", default="configs/train/bench-async.toml", help="training config of the async section")
-    ap.add_argument("--multi-config", default="configs/train/solver-verifier-lora.toml")
+    ap.add_argument("--multi-config", default="configs/train/bench-multi.toml")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per async run (multi: per policy)")
     ap.add_argument("--staleness", default="0,1,2,4")
+    ap.add_argument("--plot-only", action="store_true", help="run nothing: redraw the async curves from the JSON")
     args = ap.parse_args()
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.plot_only:
+        if "async" in results:
+            plot_async(results["async"], PLOT)
+        return
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     for section in args.sections.split(","):
         print(f"== {section}", flush=True)
@@ -255,6 +288,8 @@ def main() -> None:
                           + (" --skip-vllm" if section == "elastic" and args.skip_vllm else ""))
         res["loadavg_start_end"] = [t0[0], os.getloadavg()[0]]
         results[section] = res
+        if section == "async":
+            plot_async(res, PLOT)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
