@@ -147,7 +147,8 @@ async def elastic(quick: bool, latency: float, skip_vllm: bool) -> dict[str, Any
         rows = []
         for n in (1, 2):
             def vspec(name: str) -> ServiceSpec:
-                return ServiceSpec(name, functools.partial(vllm_workflows, 4, 48), capacity=2, max_concurrency=8)
+                return ServiceSpec(name, functools.partial(vllm_workflows, 4, 48), capacity=2, max_concurrency=8,
+                                   close_policies=True)  # each service's engine goes with it
             r = await run_elastic(n, vspec, alf, 2 if quick else 4, 4)
             print(f"  vLLM SmolLM2 {n} service(s): {r['groups_per_s']} groups/s, {r['generated_tokens_per_s']} tok/s",
                   flush=True)

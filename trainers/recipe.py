@@ -289,14 +289,16 @@ class Recipe:
         capacity = d.service_capacity or r.groups_per_step
         self._specs = []
         for i in range(d.services):
-            if i == 0 and d.runtime == "embedded":  # the eval policies also serve: no second engine
+            shares = i == 0 and d.runtime == "embedded"
+            if shares:  # the eval policies also serve: no second engine
                 wf = make_workflow(cfg_dict, self.rollout_policies)
                 factory: Any = functools.partial(dict, default=wf)
             else:
                 factory = functools.partial(service_workflows, cfg_dict)
             res = d.service_resources[i] if i < len(d.service_resources) else None
-            self._specs.append(ServiceSpec(f"rollout-{i}", factory, capacity=capacity,
-                                           max_concurrency=r.concurrency, env_factory=env_factory, resources=res))
+            # a service that built its own policies closes them (its vLLM engine) when it stops
+            self._specs.append(ServiceSpec(f"rollout-{i}", factory, capacity=capacity, max_concurrency=r.concurrency,
+                                           env_factory=env_factory, resources=res, close_policies=not shares))
 
     def _task_ids(self) -> list[str]:
         from agentgym.eval.runner import select_tasks

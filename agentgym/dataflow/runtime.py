@@ -40,6 +40,9 @@ class ServiceSpec:
         max_concurrency: Episodes in flight (the service's rollout runtime).
         env_factory: ``env_id -> env`` for the service's rollout runtime (default: the registry).
         resources: Ray only: custom resources that place the actor (e.g. ``{"node2": 0.01}``).
+        close_policies: The service owns the policies its workflows factory builds (a vLLM engine per
+            service) and closes them when it stops. Leave it ``False`` when the factory hands out
+            policies that live on after the service (the recipe's own rollout policies).
     """
 
     name: str
@@ -48,12 +51,13 @@ class ServiceSpec:
     max_concurrency: int = 32
     env_factory: Callable[[str], Any] | None = None
     resources: dict[str, float] | None = None
+    close_policies: bool = False
 
 
 def build_service(spec: ServiceSpec) -> RolloutService:
     """Build the service a spec describes (in the calling process)."""
     return RolloutService(spec.name, spec.workflows(), max_groups=spec.capacity, max_concurrency=spec.max_concurrency,
-                          env_factory=spec.env_factory)
+                          env_factory=spec.env_factory, close_policies=spec.close_policies)
 
 
 @runtime_checkable

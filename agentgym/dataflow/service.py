@@ -14,6 +14,7 @@ The same class runs in-process (the embedded runtime) or inside a Ray actor
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -26,6 +27,8 @@ from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.runtime import RolloutRuntime
 from agentgym.rollout.workflow import GroupRequest, Workflow
 from agentgym.types import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["LocalService", "RolloutService", "ServiceDead", "ServiceHandle", "ServiceResult"]
 
@@ -56,11 +59,12 @@ class RolloutService:
         runtime: The rollout runtime (created with ``max_concurrency`` if not given).
         max_concurrency: Episodes in flight, when the runtime is created here.
         env_factory: For the runtime created here.
+        close_policies: Close the hosted policies when the service stops (the service built them).
     """
 
     def __init__(self, service_id: str, workflows: Mapping[str, Workflow], *, max_groups: int = 8,
                  runtime: RolloutRuntime | None = None, max_concurrency: int = 32,
-                 env_factory: Callable[[str], Any] | None = None) -> None:
+                 env_factory: Callable[[str], Any] | None = None, close_policies: bool = False) -> None:
         if not workflows:
             raise ConfigurationError("a rollout service needs at least one workflow")
         if max_groups < 1:
@@ -74,6 +78,7 @@ class RolloutService:
                 other = self.policies.setdefault(pol.policy_id, pol)
                 if other is not pol:
                     raise ConfigurationError(f"two different policies share the id {pol.policy_id!r} on one service")
+        self.close_policies = close_policies
         self._own_runtime = runtime is None
         self.runtime = runtime or RolloutRuntime(max_concurrency=max_concurrency, env_factory=env_factory)
         self.engine = RolloutEngine(self.runtime, max_groups=max_groups)
@@ -146,6 +151,13 @@ class RolloutService:
             await asyncio.gather(self._pump, return_exceptions=True)
         if self._own_runtime:
             self.runtime.close(wait=False)
+        if self.close_policies:  # the service built them: an engine must not outlive it
+            for pol in self.policies.values():
+                try:
+                    await pol.aclose()
+                except Exception:  # one policy failing to close must not keep the others open
+                    logger.warning("service %s: closing policy %s failed", self.service_id, pol.policy_id,
+                                   exc_info=True)
 
     # ------------------------------------------------------------------ internals
     def _policy(self, policy_id: str) -> Any:

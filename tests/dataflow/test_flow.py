@@ -171,3 +171,18 @@ def test_zero_variance_skipper_has_an_exploration_floor() -> None:
     again = TaskStream(TASKS[:2], seed=3, skipper=ZeroVarianceSkipper(patience=2, explore=0.25))
     again.load_state_dict(state)
     assert [again.next().task_id for _ in range(20)] == [stream.next().task_id for _ in range(20)]
+
+
+async def test_a_service_closes_the_policies_it_built_and_only_those() -> None:
+    from dataflow_fakes import coin_workflows
+
+    from agentgym.dataflow.runtime import ServiceSpec, build_service
+
+    shared = coin_workflows()  # policies that outlive the service (the recipe's own)
+    keep = build_service(ServiceSpec("shared", lambda: shared))
+    own = build_service(ServiceSpec("own", coin_workflows, close_policies=True))
+    for svc in (keep, own):
+        await svc.status()
+        await svc.stop()
+    assert not any(getattr(p, "closed", False) for p in keep.policies.values())
+    assert own.policies and all(p.closed for p in own.policies.values())
