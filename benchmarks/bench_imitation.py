@@ -1,0 +1,146 @@
+"""Plain against relabelled (DAgger-style) imitation of the env's expert, SmolLM2-135M-Instruct on CPU.
+
+A perfect expert's transcripts contain no mistakes, so a model that imitates them never sees a
+state off the expert's path. Relabelled collection puts the episode in such states and labels each
+one with the expert's action for it (``agentgym collect --relabel``). Per env, in one run:
+
+* **Search-v0** (the real run's env; it has no admissible-action list, so the mistakes come from
+  the model itself, which is DAgger proper):
+    - ``plain``: SFT on N expert transcripts (``configs/train/search-sft.toml``);
+    - ``dagger``: the ``plain`` model acts on N train tasks at T=1.0, the expert labels every state
+      it reaches, and a fresh SFT runs on the N expert transcripts plus those N relabelled ones;
+    - ``plain_2n``: SFT on 2N expert transcripts, the same amount of data as ``dagger``.
+* **ALFWorld-v0** (``configs/train/alfworld-sft.toml``): the expert acts, but with probability P takes
+  a random admissible action instead; ``plain`` trains on the expert's own transcripts of the same
+  tasks and samples, ``relabelled`` on the perturbed ones with the expert's label at every state.
+
+Every arm starts from the base model with the same config (epochs, lr, batch size); held-out success
+is measured through vLLM with each env's protocol (Search: 60 test tasks x 5 seeds at T=0.7, 95% CI
+over seeds; ALFWorld: ``--alfworld-eval-tasks`` valid_unseen tasks x 2 seeds at T=0.7), plus a paired bootstrap over tasks of
+each arm against ``plain``. Writes ``benchmarks/results/imitation.json``.
+
+Run: ``python benchmarks/bench_imitation.py [--envs search,alfworld] [--search-tasks 96] [--alfworld-tasks 32]``
+(about 75 minutes on 2 cores with the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_real_run import _paired  # the same paired bootstrap as the real run
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BIN = Path(sys.executable).parent
+RUN = ROOT / "runs" / "imitation"
+
+
+def sh(*args: str) -> float:
+    print("$ agentgym", " ".join(args), flush=True)
+    t0 = time.monotonic()
+    subprocess.run([str(BIN / "agentgym"), *args], cwd=ROOT, check=True)
+    return time.monotonic() - t0
+
+
+def collect(env: str, out: Path, *extra: str) -> dict[str, Any]:
+    wall = sh("collect", "--env", env, "--out", str(out), *extra)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    labels = [lb for r in rows for lb in (r.get("info", {}).get("labels") or [])]
+    return {"file": str(out.relative_to(ROOT)), "transcripts": len(rows), "wall_s": round(wall, 1),
+            "success": round(sum(bool(r.get("success")) for r in rows) / max(1, len(rows)), 4),
+            "random_steps": sum(1 for r in rows for a in r.get("info", {}).get("acting", []) if a == "random"),
+            "labelled_states": len(labels)}
+
+
+def sft(config: str, out: Path, data: list[Path], eval_sets: list[str]) -> dict[str, Any]:
+    paths = "[" + ",".join(json.dumps(str(p)) for p in data) + "]"
+    sets = ["run.resume=false", f"run.out_dir={out}", f"data.paths={paths}", "eval.before=false", "eval.after=true",
+            *eval_sets]
+    wall = sh("train", "--config", config, *[a for s in sets for a in ("--set", s)])
+    res = json.loads((out / "result.json").read_text())
+    after = res["after"]
+    return {"data": [str(p.relative_to(ROOT)) for p in data], "stage_wall_s": round(wall, 1),
+            "train_s": round(res.get("train_wall_s", 0.0) - after.get("wall_s", 0.0), 1), "steps": res.get("steps"),
+            "sft_data": res.get("sft_data"), "trained_tokens": (res.get("sft_data") or {}).get("trained_tokens"),
+            "success": after["success"], "ci95": after["success_ci95"], "episodes": after["episodes"],
+            "eval_wall_s": round(after.get("wall_s", 0.0), 1), "eval_dir": str((out / "eval" / "after").relative_to(ROOT))}
+
+
+def search(n: int) -> dict[str, Any]:
+    env, cfg, d = "agentgym/Search-v0", "configs/train/search-sft.toml", RUN / "search"
+    d.mkdir(parents=True, exist_ok=True)
+    data = {"expert_n": collect(env, d / "expert-n.jsonl", "--policy", "expert", "--tasks", str(n)),
+            "expert_2n": collect(env, d / "expert-2n.jsonl", "--policy", "expert", "--tasks", str(2 * n))}
+    arms = {"plain": sft(cfg, d / "plain", [d / "expert-n.jsonl"], [])}
+    model = d / "plain" / "final"
+    # DAgger: the imitating model acts (its own mistakes), the env's expert labels every state it reaches
+    data["dagger_n"] = collect(env, d / "dagger-n.jsonl", "--policy", f"vllm:{model}", "--relabel", "--tasks", str(n),
+                               "--temperature", "1.0", "--max-turns", "6", "--max-tokens", "64", "--concurrency", "32")
+    arms["dagger"] = sft(cfg, d / "dagger", [d / "expert-n.jsonl", d / "dagger-n.jsonl"], [])
+    arms["plain_2n"] = sft(cfg, d / "plain-2n", [d / "expert-2n.jsonl"], [])
+    for k in ("dagger", "plain_2n"):
+        arms[k]["paired_vs_plain"] = _paired(ROOT / arms["plain"]["eval_dir"], ROOT / arms[k]["eval_dir"])
+    arms["dagger"]["paired_vs_plain_2n"] = _paired(ROOT / arms["plain_2n"]["eval_dir"], ROOT / arms["dagger"]["eval_dir"])
+    return {"env": env, "config": cfg, "n": n, "collections": data, "arms": arms,
+            "protocol": "test split, 60 tasks x 5 seeds, T=0.7 with per-turn sampling seeds; 95% CI over seeds"}
+
+
+def alfworld(n: int, random_prob: float, samples: int, eval_tasks: int) -> dict[str, Any]:
+    env, cfg, d = "agentgym/ALFWorld-v0", "configs/train/alfworld-sft.toml", RUN / "alfworld"
+    d.mkdir(parents=True, exist_ok=True)
+    common = ["--policy", "expert", "--tasks", str(n), "--samples", str(samples), "--max-turns", "30"]
+    data = {"plain": collect(env, d / "plain.jsonl", *common),
+            "relabelled": collect(env, d / "relabelled.jsonl", *common, "--relabel", "--random-prob", str(random_prob))}
+    ev = [f"eval.tasks={eval_tasks}", "eval.seeds=[0,1]", "eval.temperature=0.7", "eval.sampling_seeds=true"]
+    arms = {"plain": sft(cfg, d / "plain", [d / "plain.jsonl"], ev),
+            "relabelled": sft(cfg, d / "relabelled", [d / "relabelled.jsonl"], ev)}
+    arms["relabelled"]["paired_vs_plain"] = _paired(ROOT / arms["plain"]["eval_dir"], ROOT / arms["relabelled"]["eval_dir"])
+    return {"env": env, "config": cfg, "tasks": n, "samples": samples, "random_prob": random_prob,
+            "collections": data, "arms": arms,
+            "protocol": f"valid_unseen, {eval_tasks} tasks x 2 seeds, T=0.7 with per-turn sampling seeds; 95% CI over seeds"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--envs", default="search,alfworld")
+    ap.add_argument("--search-tasks", type=int, default=96, help="N: expert transcripts in the plain arm")
+    ap.add_argument("--alfworld-tasks", type=int, default=32)
+    ap.add_argument("--alfworld-samples", type=int, default=2)
+    ap.add_argument("--alfworld-eval-tasks", type=int, default=32, help="valid_unseen tasks in each held-out eval")
+    ap.add_argument("--random-prob", type=float, default=0.2, help="ALFWorld: random admissible action probability")
+    args = ap.parse_args()
+    path = RESULTS / "imitation.json"
+    out: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    for name in [s.strip() for s in args.envs.split(",") if s.strip()]:
+        print(f"== {name}", flush=True)
+        if name == "search":
+            out["search"] = search(args.search_tasks)
+        elif name == "alfworld":
+            out["alfworld"] = alfworld(args.alfworld_tasks, args.random_prob, args.alfworld_samples,
+                                       args.alfworld_eval_tasks)
+        else:
+            raise SystemExit(f"unknown env section {name!r} (search, alfworld)")
+        out[name]["command"] = ("python benchmarks/bench_imitation.py --envs " + name
+                                + (f" --search-tasks {args.search_tasks}" if name == "search" else
+                                   f" --alfworld-tasks {args.alfworld_tasks} --alfworld-samples {args.alfworld_samples}"
+                                   f" --alfworld-eval-tasks {args.alfworld_eval_tasks} --random-prob {args.random_prob}"))
+        out["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1))  # after each env, so a later failure keeps what finished
+        for arm, r in out[name]["arms"].items():
+            print(f"  {arm:>10}: {100 * r['success']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] "
+                  f"({r['episodes']} episodes; SFT {r['train_s']} s, {r['trained_tokens']} tokens)", flush=True)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
