@@ -167,12 +167,17 @@ def test_a_second_run_on_the_same_folder_is_refused(tiny_model: str, tmp_path: P
         with pytest.raises(ConfigurationError, match=rf"in use by another training run \(pid {os.getpid()}\)"):
             run_training(_cfg(tiny_model, tmp_path, 1, resume=False))
         assert (tmp_path / "curves.png").read_bytes() == b"the first run's"  # the refused run touched nothing
+        ready_r, ready_w = os.pipe()
         pid = os.fork()  # a forked child (vLLM's engine core) must not keep the folder locked after cleanup
         if pid == 0:
             try:
+                os.write(ready_w, b"1")  # the at-fork hooks have run by the time the child's code does
                 time.sleep(30)
             finally:
                 os._exit(0)
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"1"  # wait for the child to start (on a busy machine it may lag)
+        os.close(ready_r)
     finally:
         first.cleanup()
     try:
