@@ -85,25 +85,29 @@ def test_report_on_a_non_run_directory(tmp_path: Path) -> None:
 def test_ctrl_c_leaves_resumable_output(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [sys.executable, "-m", "agentgym", "eval", "--env", "agentgym/Demo-v0", "--policy",
-            "py:rollout_fakes:slow_expert", "--tasks", "6", "--concurrency", "2", "--out", str(out), "-q"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_vars())
+            "py:rollout_fakes:slow_expert", "--tasks", "12", "--concurrency", "2", "--out", str(out), "-q"]
+    # SIGINT at its default, as in a terminal: a test run started as a background job (`make test &`) inherits
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_vars(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     episodes = out / "episodes.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (episodes.exists() and len(episodes.read_text().splitlines()) >= 2):
         time.sleep(0.1)
+    assert proc.poll() is None, "the eval ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "rerun the same command to resume" in " ".join(err.split())
     summary = json.loads((out / "summary.json").read_text())
     done = summary["finished_episodes"]
-    assert summary["complete"] is False and 2 <= done < 6
+    assert summary["complete"] is False and 2 <= done < 12
     r = subprocess.run(args, capture_output=True, text=True, timeout=180, env=env_vars())
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["complete"] and summary["finished_episodes"] == 6
+    assert summary["complete"] and summary["finished_episodes"] == 12
     assert summary["envs"]["agentgym/Demo-v0"]["success"]["mean"] == 1.0
-    assert len(episodes.read_text().splitlines()) == 6  # finished episodes were not run again
+    assert len(episodes.read_text().splitlines()) == 12  # finished episodes were not run again
 
 
 # ------------------------------------------------------------------------------ dead and hung servers (issue 11)
