@@ -29,26 +29,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_real_run import _paired  # the same paired bootstrap as the real run
+# the real run's command runner and paired bootstrap, so both benchmarks measure the same way
+from bench_real_run import RESULTS, ROOT, _paired, sh
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-BIN = Path(sys.executable).parent
 RUN = ROOT / "runs" / "imitation"
-
-
-def sh(*args: str) -> float:
-    print("$ agentgym", " ".join(args), flush=True)
-    t0 = time.monotonic()
-    subprocess.run([str(BIN / "agentgym"), *args], cwd=ROOT, check=True)
-    return time.monotonic() - t0
 
 
 def collect(env: str, out: Path, *extra: str) -> dict[str, Any]:

@@ -442,7 +442,7 @@ class DataFlow:
         self._ids = itertools.count(n)  # peeking must not skip an id
         return {"stream": self.stream.state_dict(), "versions": dict(self.versions), "served": dict(self.served),
                 "consumed": dict(self.consumed), "done": dict(self.done), "next_id": n, "open": open_tickets,
-                "replay": {p: r.state_dict() for p, r in self.replay.items() if len(r) or r.added}}
+                "replay": {p: r.state_dict() for p, r in self.replay.items() if r.added}}  # kept groups <= added
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state["stream"])

@@ -135,7 +135,7 @@ class GroupReplay:
         rows = [{"version": e.version, "group": e.group.to_dict()} for e in self.entries]
         blob = gzip.compress(json.dumps(rows, separators=(",", ":")).encode(), compresslevel=6)
         version, internal, gauss = self.rng.getstate()
-        return {"size": self.entries.maxlen, "added": self.added, "refused": self.refused,
+        return {"added": self.added, "refused": self.refused,
                 "rng": [version, list(internal), gauss], "entries_gz_b64": base64.b64encode(blob).decode("ascii")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
