@@ -116,8 +116,20 @@ async def test_context_error_or_left_truncation(hf_policy: Any, monkeypatch: pyt
     assert len(h.prompt_token_ids) + len(h.token_ids) <= 128
 
 
-async def test_concurrent_calls_join_the_running_batch(hf_policy: Any) -> None:
+async def test_concurrent_calls_join_the_running_batch(hf_policy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request that arrives while a batch is decoding joins it at the next step (continuous batching)."""
+    import time
+
+    # Each decode step sleeps 50 ms (releasing the GIL), so the 40-token request is still decoding when the
+    # late one is submitted even on a loaded machine: without it, a slow submission on a busy CI host could
+    # arrive only as the first request was finishing, and the step count below read 41.
+    decode = hf_policy._decode_step
+
+    def slow_decode() -> Any:
+        time.sleep(0.05)
+        return decode()
+
+    monkeypatch.setattr(hf_policy, "_decode_step", slow_decode)
     long_req = _req("Write a long story about a dragon.", temperature=0.0, max_tokens=40)
     first = asyncio.ensure_future(hf_policy.generate([long_req]))
     while hf_policy._active == []:  # wait until the first row is decoding
@@ -128,6 +140,7 @@ async def test_concurrent_calls_join_the_running_batch(hf_policy: Any) -> None:
     assert len(early.token_ids) == 40 and len(late.token_ids) <= 3
     # the late request finished while the first was still running: it shared decode steps
     assert hf_policy.steps - steps0 < 40 and max(hf_policy.batch_sizes[-45:]) >= 2
+    monkeypatch.undo()
     (alone,) = await hf_policy.generate([_req(QUESTIONS[2], temperature=0.0, max_tokens=3)])
     assert alone.token_ids == late.token_ids  # joining mid-flight does not change a greedy result (fp32)
 
