@@ -275,8 +275,9 @@ class HFPolicy(PolicyLifecycle):
                 with self._out_lock:
                     self._outstanding.add(r)
                 self._inbox.put(r)
+        gathered = asyncio.gather(*(r.future for r in rows))
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*(r.future for r in rows)), timeout=self.timeout_s))
+            return list(await asyncio.wait_for(gathered, timeout=self.timeout_s))
         except asyncio.TimeoutError:
             for r in rows:
                 r.cancelled = True
@@ -287,6 +288,12 @@ class HFPolicy(PolicyLifecycle):
             for r in rows:
                 r.cancelled = True
             raise
+        finally:
+            # A cancelled wait_for waits for the gather it cancelled but never reads its outcome, and CPython then
+            # logs "_GatheringFuture exception was never retrieved" when it is collected (a group cancelled at
+            # shutdown, e.g. in flight under dynamic sampling). Read it here.
+            if gathered.done() and not gathered.cancelled():
+                gathered.exception()
 
     def abort(self, request_ids: Sequence[str] | None = None) -> int:
         """End in-flight rows (all, or those of ``request_ids``) with ``finish_reason="abort"``.

@@ -160,3 +160,36 @@ def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away(tiny_m
         assert all(p.dtype == (torch.bfloat16 if name == "bf16" else torch.float32) for p in after.values())
     assert changed["mixed"] > 0.9  # every weight with a gradient moves
     assert changed["bf16"] < 0.5 * changed["mixed"]
+
+
+def test_a_cancelled_hf_generate_leaves_no_unretrieved_future(tiny_model: str) -> None:
+    """Cancelling a caller (a group cancelled at shutdown) must not leave the gather of its rows unread: CPython
+    then prints "_GatheringFuture exception was never retrieved" when it is collected, at interpreter exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import asyncio
+        from agentgym.policies.hf import HFPolicy
+        from agentgym.policy import GenRequest, SamplingParams
+
+        async def main():
+            pol = HFPolicy({tiny_model!r}, dtype="float32")
+            req = GenRequest(messages=[{{"role": "user", "content": "hello"}}], sampling=SamplingParams(max_tokens=200))
+            t = asyncio.ensure_future(pol.generate([req]))
+            while not pol._active:
+                await asyncio.sleep(0.01)
+            t.cancel()
+            try:
+                await t
+            except asyncio.CancelledError:
+                print("cancelled")
+            await pol.aclose()
+
+        asyncio.run(main())
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "cancelled" in p.stdout
+    assert "never retrieved" not in p.stderr, p.stderr[-2000:]

@@ -1,0 +1,293 @@
+"""Rollout-saving strategies in real GRPO runs: the plain baseline against the mid-trajectory gate, DAPO
+dynamic sampling, GRESO prompt skipping, pilot-then-commit and prioritized group replay.
+
+Every arm is one of ``configs/train/strategies/*.toml`` (each differs from ``baseline.toml`` only in its
+strategy lines) with the same overrides on top, so the arms share the model, env, seeds, number of
+optimizer steps, group size and evaluation:
+
+* model: ``make quickstart``'s SFT model (``runs/quickstart/train/final``), which samples Demo-v0 at
+  mid-range success (about 25-50% of episodes at T=1.0), so groups of both kinds occur: informative ones
+  and zero-variance ones (all fail or all succeed). The base SmolLM2 scores 0% there: every group would
+  be zero-variance and every strategy would trivially cut everything;
+* env: ``agentgym/Demo-v0`` (32 train tasks; held-out: the 32 test tasks). Search-v0, where the trainer's
+  real run learned, costs 3-4x more per step on 2 cores, which did not fit 6 arms x 3 seeds;
+* the baseline runs with ``gate.mode = "audit"``: every group runs whole and trains as in a plain run,
+  and the gate records what it would have done, next to each group's real final reward variance. That
+  gives the gate's precision and recall, and ``groups.jsonl`` gives the K/d sweep offline (the gate's own
+  distance function over each logged group's tool-call prefixes);
+* held-out success: the 32 test tasks x ``--eval-seeds`` sampled at T=1.0 (the policy as it is trained),
+  before training (once: every arm starts from the same model) and after each run; the 95% CI of an arm
+  is over its training seeds (Student t).
+
+Runs land in ``runs/strategies/<arm>/seed<s>``; a run whose ``result.json`` exists is reused, so the
+experiment can be extended (more seeds, more arms) without rerunning what finished. Writes
+``benchmarks/results/strategies.json`` and ``benchmarks/results/strategies.png``.
+
+Run: ``python benchmarks/bench_strategies.py [--arms baseline,gate,...] [--seeds 1,2,3] [--steps 3]``;
+``--summarize`` rebuilds the JSON and plot from the runs folder without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_real_run import RESULTS, ROOT, sh
+
+RUN = ROOT / "runs" / "strategies"
+CONFIGS = ROOT / "configs" / "train" / "strategies"
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "baseline": ("baseline.toml", ["gate.mode=audit", "gate.k=2", "gate.threshold=0.12", "gate.view=tool_calls"]),
+    "gate": ("gate.toml", []),
+    "dapo": ("dapo.toml", []),
+    "greso": ("greso.toml", []),
+    "pilot": ("pilot.toml", []),
+    "replay": ("replay.toml", []),
+}
+SWEEP_K = [1, 2, 3, 4]
+SWEEP_D = [0.05, 0.12, 0.25, 0.4]
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def common_sets(args: argparse.Namespace, seed: int, out: Path, before: bool) -> list[str]:
+    seeds = "[" + ",".join(str(s) for s in args.eval_seeds) + "]"
+    return [f"run.out_dir={out}", "run.resume=false", f"run.seed={seed}", f"run.steps={args.steps}",
+            f"model.path={args.model}", "rollout.backend=vllm", f"rollout.group_size={args.group_size}",
+            f"rollout.groups_per_step={args.groups_per_step}", f"eval.before={str(before).lower()}", "eval.after=true",
+            "eval.split=test", f"eval.tasks={args.eval_tasks}", f"eval.seeds={seeds}", "eval.temperature=1.0",
+            "eval.sampling_seeds=true", "log.progress=false", "log.groups=true"]
+
+
+def run_arm(arm: str, seed: int, args: argparse.Namespace) -> None:
+    out = RUN / arm / f"seed{seed}"
+    if (out / "result.json").exists() and not args.force:
+        print(f"= {arm} seed {seed}: reusing {out.relative_to(ROOT)}", flush=True)
+        return
+    config, extra = ARMS[arm]
+    before = arm == "baseline" and seed == args.seeds[0]
+    sets = common_sets(args, seed, out, before) + extra
+    sh("train", "--config", str(CONFIGS / config), *[a for s in sets for a in ("--set", s)])
+
+
+def t_ci(xs: list[float]) -> dict[str, Any]:
+    """Mean and a 95% Student-t interval over runs (None with fewer than 2)."""
+    m = statistics.fmean(xs) if xs else math.nan
+    if len(xs) < 2:
+        return {"mean": m, "ci95": None, "n": len(xs)}
+    h = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return {"mean": m, "ci95": [m - h, m + h], "n": len(xs)}
+
+
+def load_run(d: Path) -> dict[str, Any]:
+    res = json.loads((d / "result.json").read_text())
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    cfg = json.loads((d / "config.json").read_text())
+    flow = res.get("dataflow") or {}
+    groups = flow.get("groups") or {}
+    outcomes = (groups.get("outcomes") or {}).get("policy", {})
+    finished = int(groups.get("finished", 0))
+    skipped = int((flow.get("task_stream") or {}).get("skipped", 0))
+    not_trained = sum(v for k, v in outcomes.items() if k.startswith("filtered:"))
+    steps = [r for r in rows if "elapsed_s" in r and "step" in r]
+    rec: dict[str, Any] = {
+        "dir": str(d.relative_to(ROOT)), "seed": cfg.get("run", {}).get("seed"), "steps": res.get("steps"),
+        "train_wall_s": round(float(res["train_wall_s"]), 1),
+        "rollout_s": round(sum(float(r.get("time/rollout_s", 0.0)) for r in steps), 1),
+        "train_s": round(sum(float(r.get("time/train_s", 0.0)) for r in steps), 1),
+        "generated_tokens": int(groups.get("generated_tokens", 0)), "episodes": int(groups.get("episodes", 0)),
+        "groups_finished": finished, "tasks_skipped": skipped, "outcomes": outcomes,
+        "groups_not_trained": int(not_trained),
+        # groups that were cut, filtered or never rolled out, over the groups the run drew
+        "cut_or_skipped_frac": round((not_trained + skipped) / max(1, finished + skipped), 4),
+        "gates": flow.get("gates") or {}, "replay": flow.get("replay") or {},
+        "after": _eval(res.get("after")),
+        "reward_curve": [{"step": r["step"], "elapsed_s": round(float(r["elapsed_s"]), 1),
+                          "reward": r.get("rollout/reward_mean")} for r in steps],
+    }
+    if res.get("before"):  # the before eval ran inside the timed run: take it out of the training wall-clock
+        rec["before"] = _eval(res["before"])
+        rec["train_wall_s"] = round(rec["train_wall_s"] - rec["before"]["wall_s"], 1)
+        for c in rec["reward_curve"]:
+            c["elapsed_s"] = round(c["elapsed_s"] - rec["before"]["wall_s"], 1)
+    return rec
+
+
+def _eval(ev: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not ev:
+        return None
+    return {"success": ev["success"], "episodes": ev["episodes"], "seeds": ev.get("seeds"),
+            "wall_s": round(float(ev["wall_s"]), 1)}
+
+
+def sweep(paths: list[Path]) -> list[dict[str, Any]]:
+    """The gate's decision rule replayed over the baseline's logged groups for each (K, d).
+
+    A decision happens where the real gate would make one: once every member has taken K steps or ended,
+    while at least one is still running (some member has more than K turns). Precision: of the stops, the
+    share whose group ended zero-variance; recall: of the zero-variance groups that reached a decision,
+    the share stopped; saved: the generated tokens after turn K of the stopped groups over all tokens."""
+    from agentgym.rollout.gates import mean_pairwise_distance
+
+    groups = [json.loads(x) for p in paths if p.exists() for x in p.read_text().splitlines() if x.strip()]
+    groups = [g for g in groups if not g.get("early_stopped")]
+    total_tokens = sum(sum(t) for g in groups for t in g["turn_tokens"])
+    zv_all = sum(1 for g in groups if max(g["rewards"]) - min(g["rewards"]) <= 1e-9)
+    out = []
+    for k in SWEEP_K:
+        for d in SWEEP_D:
+            dec = stops = correct = zv = 0
+            saved = 0
+            for g in groups:
+                calls = g["calls"]
+                if max(len(c) for c in calls) <= k:
+                    continue
+                dec += 1
+                is_zv = max(g["rewards"]) - min(g["rewards"]) <= 1e-9
+                zv += is_zv
+                score = mean_pairwise_distance([c[:k] for c in calls], "step")
+                if score < d:
+                    stops += 1
+                    correct += is_zv
+                    saved += sum(sum(t[k:]) for t in g["turn_tokens"])
+            out.append({"k": k, "d": d, "groups": len(groups), "decisions": dec, "stops": stops,
+                        "stop_rate": _r(stops, dec), "precision": _r(correct, stops), "recall": _r(correct, zv),
+                        "recall_of_all_zero_variance": _r(correct, zv_all),
+                        "tokens_saved_frac": _r(saved, total_tokens)})
+    return out
+
+
+def _r(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b else None
+
+
+def summarize(args: argparse.Namespace) -> dict[str, Any]:
+    arms: dict[str, Any] = {}
+    before = None
+    for arm in ARMS:
+        runs = [load_run(d) for d in sorted((RUN / arm).glob("seed*")) if (d / "result.json").exists()]
+        if not runs:
+            continue
+        for r in runs:
+            before = before or r.get("before")
+        after = [r["after"]["success"] for r in runs if r["after"]]
+        arms[arm] = {
+            "config": f"configs/train/strategies/{ARMS[arm][0]}", "extra_sets": ARMS[arm][1],
+            "seeds": [r["seed"] for r in runs],
+            "train_wall_s": t_ci([r["train_wall_s"] for r in runs]),
+            "rollout_s": t_ci([r["rollout_s"] for r in runs]),
+            "generated_tokens": t_ci([float(r["generated_tokens"]) for r in runs]),
+            "cut_or_skipped_frac": t_ci([r["cut_or_skipped_frac"] for r in runs]),
+            "after_success": t_ci(after),
+            "runs": runs,
+        }
+    base = arms.get("baseline")
+    if base:
+        for a in arms.values():
+            a["wall_vs_baseline"] = _r(a["train_wall_s"]["mean"] - base["train_wall_s"]["mean"], base["train_wall_s"]["mean"])
+            a["tokens_vs_baseline"] = _r(a["generated_tokens"]["mean"] - base["generated_tokens"]["mean"],
+                                         base["generated_tokens"]["mean"])
+            a["success_vs_baseline_pp"] = round(100 * (a["after_success"]["mean"] - base["after_success"]["mean"]), 2)
+        audit: dict[str, float] = {}
+        for r in base["runs"]:
+            for k, v in (r["gates"].get("selective_rollout") or {}).items():
+                if isinstance(v, (int, float)) and k not in ("stop_rate", "precision", "recall", "stop_token_share"):
+                    audit[k] = audit.get(k, 0.0) + float(v)
+        base["gate_audit"] = {**audit, "precision": _r(audit.get("audited_correct_stops", 0), audit.get("audited_stops", 0)),
+                              "recall": _r(audit.get("audited_correct_stops", 0), audit.get("audited_zero_variance", 0)),
+                              "stop_rate": _r(audit.get("stops", 0), audit.get("decisions", 0))}
+    return {
+        "benchmark": "rollout-saving strategies in real GRPO runs (SmolLM2-135M SFT model, Demo-v0)",
+        "command": "python benchmarks/bench_strategies.py " + " ".join(sys.argv[1:]),
+        "settings": {"model": args.model, "env": "agentgym/Demo-v0", "steps": args.steps, "group_size": args.group_size,
+                     "groups_per_step": args.groups_per_step, "eval": {"split": "test", "tasks": args.eval_tasks,
+                                                                        "seeds": args.eval_seeds, "temperature": 1.0}},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "gpu": None},
+        "date": time.strftime("%Y-%m-%d"),
+        "before": before, "arms": arms,
+        "gate_sweep": sweep([d / "groups.jsonl" for d in sorted((RUN / "baseline").glob("seed*"))]),
+    }
+
+
+def plot(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = dict(zip(ARMS, ["#444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"], strict=True))
+    before = (out.get("before") or {}).get("success")
+    for arm, r in out["arms"].items():
+        xs = [x["train_wall_s"] for x in r["runs"]]
+        ys = [100 * x["after"]["success"] for x in r["runs"] if x["after"]]
+        a.scatter(xs, ys, color=colors[arm], alpha=0.35, s=18)
+        m, ci = r["after_success"]["mean"], r["after_success"]["ci95"]
+        err = [[100 * (m - ci[0])], [100 * (ci[1] - m)]] if ci else None
+        a.errorbar([r["train_wall_s"]["mean"]], [100 * m], yerr=err, fmt="o", color=colors[arm], capsize=4, label=arm)
+        if before is not None:
+            a.plot([0, r["train_wall_s"]["mean"]], [100 * before, 100 * m], color=colors[arm], lw=0.8, alpha=0.6)
+        curves = [c["reward_curve"] for c in r["runs"]]
+        n = min(len(c) for c in curves)
+        b.plot([statistics.fmean(c[i]["elapsed_s"] for c in curves) for i in range(n)],
+               [statistics.fmean((c[i]["reward"] or 0.0) for c in curves) for i in range(n)],
+               marker=".", color=colors[arm], label=arm)
+    a.set_xlabel("training wall-clock (s), rollouts + updates")
+    a.set_ylabel("held-out success (%), T=1.0")
+    a.set_title("success vs wall-clock (mean, 95% CI over seeds)")
+    a.legend(fontsize=8)
+    a.grid(alpha=0.3)
+    b.set_xlabel("training wall-clock (s)")
+    b.set_ylabel("mean reward of the trained batch")
+    b.set_title("training reward (mean over seeds)")
+    b.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated, from: " + ", ".join(ARMS))
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--groups-per-step", type=int, default=2)
+    ap.add_argument("--eval-tasks", type=int, default=32)
+    ap.add_argument("--eval-seeds", default="0")
+    ap.add_argument("--model", default="runs/quickstart/train/final")
+    ap.add_argument("--force", action="store_true", help="rerun runs that already finished")
+    ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON and plot from runs/")
+    args = ap.parse_args()
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.eval_seeds = [int(s) for s in args.eval_seeds.split(",")]
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        ap.error(f"unknown arm(s) {bad}; choose from {list(ARMS)}")
+    if not args.summarize:
+        if not (ROOT / args.model).exists():
+            sys.exit(f"{args.model} not found: run `make quickstart` first (it trains the SFT model every arm starts from)")
+        for seed in args.seeds:  # seed-major: an interrupted experiment still has every arm at the first seeds
+            for arm in arms:
+                run_arm(arm, seed, args)
+    out = summarize(args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "strategies.json").write_text(json.dumps(out, indent=2) + "\n")
+    if out["arms"]:
+        plot(out, RESULTS / "strategies.png")
+    print(json.dumps({a: {"wall_s": r["train_wall_s"]["mean"], "tokens": r["generated_tokens"]["mean"],
+                          "cut": r["cut_or_skipped_frac"]["mean"], "after": r["after_success"]["mean"]}
+                      for a, r in out["arms"].items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
