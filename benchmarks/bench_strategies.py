@@ -45,14 +45,23 @@ from bench_real_run import RESULTS, ROOT, sh
 
 RUN = ROOT / "runs" / "strategies"
 CONFIGS = ROOT / "configs" / "train" / "strategies"
-ARMS: dict[str, tuple[str, list[str]]] = {
-    "baseline": ("baseline.toml", ["gate.mode=audit", "gate.k=2", "gate.threshold=0.12", "gate.view=tool_calls"]),
-    "gate": ("gate.toml", []),
-    "dapo": ("dapo.toml", []),
-    "greso": ("greso.toml", []),
-    "pilot": ("pilot.toml", []),
-    "replay": ("replay.toml", []),
+AUDIT = ["gate.mode=audit", "gate.k=2", "gate.threshold=0.12", "gate.view=tool_calls"]
+# arm -> (config, extra --set overrides, the arm it is compared with)
+ARMS: dict[str, tuple[str, list[str], str]] = {
+    "baseline": ("baseline.toml", AUDIT, "baseline"),
+    "gate": ("gate.toml", [], "baseline"),
+    "dapo": ("dapo.toml", [], "baseline"),
+    "greso": ("greso.toml", [], "baseline"),
+    "pilot": ("pilot.toml", [], "baseline"),
+    "replay": ("replay.toml", [], "baseline"),
+    # the gate at the K and d the start model's offline sweep picks (--swept-k, --swept-d)
+    "gate_swept": ("gate.toml", [], "baseline"),
+    # GRESO can only skip a task it has seen: on all 32 train tasks a short run never draws one twice, so
+    # these two arms use a 4-task slice, where every task comes back every other step
+    "baseline_slice4": ("baseline.toml", [*AUDIT, "rollout.tasks=4"], "baseline_slice4"),
+    "greso_slice4": ("greso.toml", ["rollout.tasks=4"], "baseline_slice4"),
 }
+MAIN_ARMS = ["baseline", "gate", "dapo", "greso", "pilot", "replay"]
 SWEEP_K = [1, 2, 3, 4]
 SWEEP_D = [0.05, 0.12, 0.25, 0.4]
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -72,7 +81,11 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> None:
     if (out / "result.json").exists() and not args.force:
         print(f"= {arm} seed {seed}: reusing {out.relative_to(ROOT)}", flush=True)
         return
-    config, extra = ARMS[arm]
+    config, extra, _ = ARMS[arm]
+    if arm == "gate_swept":
+        if args.swept_k is None or args.swept_d is None:
+            sys.exit("the gate_swept arm needs --swept-k and --swept-d (read them off the start model's sweep)")
+        extra = [f"gate.k={args.swept_k}", f"gate.threshold={args.swept_d}"]
     before = arm == "baseline" and seed == args.seeds[0]
     sets = common_sets(args, seed, out, before) + extra
     sh("train", "--config", str(CONFIGS / config), *[a for s in sets for a in ("--set", s)])
@@ -165,6 +178,52 @@ def sweep(paths: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
+def pilot_replay(paths: list[Path], sizes: tuple[int, ...] = (2, 3, 4)) -> list[dict[str, Any]]:
+    """Pilot-then-commit's rule replayed over logged whole groups: the pilot is the first ``size`` members, and
+    the group is dropped when their rewards are all equal. Precision: dropped groups that were really
+    zero-variance; recall: zero-variance groups dropped; saved: the other members' tokens in dropped groups."""
+    groups = [json.loads(x) for p in paths if p.exists() for x in p.read_text().splitlines() if x.strip()]
+    groups = [g for g in groups if not g.get("early_stopped")]
+    total = sum(sum(t) for g in groups for t in g["turn_tokens"])
+    out = []
+    for size in sizes:
+        drops = correct = zv = saved = 0
+        for g in groups:
+            is_zv = max(g["rewards"]) - min(g["rewards"]) <= 1e-9
+            zv += is_zv
+            pilot = g["rewards"][:size]
+            if max(pilot) - min(pilot) <= 1e-9:
+                drops += 1
+                correct += is_zv
+                saved += sum(sum(t) for t in g["turn_tokens"][size:])
+        out.append({"size": size, "groups": len(groups), "drops": drops, "drop_rate": _r(drops, len(groups)),
+                    "precision": _r(correct, drops), "recall": _r(correct, zv), "tokens_saved_frac": _r(saved, total)})
+    return out
+
+
+def sweep_groups(args: argparse.Namespace) -> Path:
+    """More groups for the sweep: the starting model plays each train task ``group_size`` times at T=1.0 (what the
+    gate sees at the start of training), through ``agentgym eval``; its episodes become ``groups.jsonl`` lines."""
+    from agentgym.rollout.gates import canonical_calls
+
+    out = RUN / "sweep-start"
+    if not (out / "episodes.jsonl").exists() or args.force:
+        sh("eval", "--env", "agentgym/Demo-v0", "--policy", f"vllm:{args.model}", "--split", "train",
+           "--samples", str(args.group_size), "--seeds", "0", "--temperature", "1.0", "--max-turns", "6",
+           "--max-tokens", "64", "--out", str(out))
+    groups: dict[str, dict[str, Any]] = {}
+    for line in (out / "episodes.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        g = groups.setdefault(e["group_id"].split("|sample=")[0], {"calls": [], "rewards": [], "turn_tokens": [],
+                                                                   "early_stopped": False})
+        g["calls"].append([canonical_calls(t.get("tool_calls")) for t in e["turns"]])
+        g["rewards"].append(float(e["reward"]))
+        g["turn_tokens"].append([len(t["completion_token_ids"]) for t in e["turns"]])
+    path = out / "groups.jsonl"
+    path.write_text("".join(json.dumps(g) + "\n" for g in groups.values()))
+    return path
+
+
 def _r(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
 
@@ -180,7 +239,9 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
             before = before or r.get("before")
         after = [r["after"]["success"] for r in runs if r["after"]]
         arms[arm] = {
-            "config": f"configs/train/strategies/{ARMS[arm][0]}", "extra_sets": ARMS[arm][1],
+            "config": f"configs/train/strategies/{ARMS[arm][0]}", "extra_sets": ARMS[arm][1], "compared_with": ARMS[arm][2],
+            "gate": (json.loads((RUN / arm / f"seed{runs[0]['seed']}" / "config.json").read_text()).get("gate")
+                     if arm.startswith("gate") else None),
             "seeds": [r["seed"] for r in runs],
             "train_wall_s": t_ci([r["train_wall_s"] for r in runs]),
             "rollout_s": t_ci([r["rollout_s"] for r in runs]),
@@ -189,13 +250,18 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
             "after_success": t_ci(after),
             "runs": runs,
         }
-    base = arms.get("baseline")
-    if base:
-        for a in arms.values():
-            a["wall_vs_baseline"] = _r(a["train_wall_s"]["mean"] - base["train_wall_s"]["mean"], base["train_wall_s"]["mean"])
-            a["tokens_vs_baseline"] = _r(a["generated_tokens"]["mean"] - base["generated_tokens"]["mean"],
-                                         base["generated_tokens"]["mean"])
-            a["success_vs_baseline_pp"] = round(100 * (a["after_success"]["mean"] - base["after_success"]["mean"]), 2)
+    for a in arms.values():
+        ref = arms.get(a["compared_with"])
+        if ref is None:
+            continue
+        a["wall_vs_reference"] = _r(a["train_wall_s"]["mean"] - ref["train_wall_s"]["mean"], ref["train_wall_s"]["mean"])
+        a["tokens_vs_reference"] = _r(a["generated_tokens"]["mean"] - ref["generated_tokens"]["mean"],
+                                      ref["generated_tokens"]["mean"])
+        a["success_vs_reference_pp"] = round(100 * (a["after_success"]["mean"] - ref["after_success"]["mean"]), 2)
+    for name in ("baseline", "baseline_slice4"):
+        base = arms.get(name)
+        if not base:
+            continue
         audit: dict[str, float] = {}
         for r in base["runs"]:
             for k, v in (r["gates"].get("selective_rollout") or {}).items():
@@ -213,7 +279,12 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "gpu": None},
         "date": time.strftime("%Y-%m-%d"),
         "before": before, "arms": arms,
+        # the gate's rule replayed over the groups the baseline trained on (all seeds), and over the starting
+        # model's groups on every train task
         "gate_sweep": sweep([d / "groups.jsonl" for d in sorted((RUN / "baseline").glob("seed*"))]),
+        "gate_sweep_start_model": sweep([RUN / "sweep-start" / "groups.jsonl"]),
+        "pilot_replay": pilot_replay([d / "groups.jsonl" for d in sorted((RUN / "baseline").glob("seed*"))]),
+        "pilot_replay_start_model": pilot_replay([RUN / "sweep-start" / "groups.jsonl"]),
     }
 
 
@@ -224,7 +295,8 @@ def plot(out: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    colors = dict(zip(ARMS, ["#444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"], strict=True))
+    colors = dict(zip(ARMS, ["#444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#e377c2", "#999",
+                             "#17becf"], strict=True))
     before = (out.get("before") or {}).get("success")
     for arm, r in out["arms"].items():
         xs = [x["train_wall_s"] for x in r["runs"]]
@@ -256,7 +328,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated, from: " + ", ".join(ARMS))
+    ap.add_argument("--arms", default=",".join(MAIN_ARMS), help="comma-separated, from: " + ", ".join(ARMS))
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--group-size", type=int, default=8)
@@ -264,6 +336,9 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=32)
     ap.add_argument("--eval-seeds", default="0")
     ap.add_argument("--model", default="runs/quickstart/train/final")
+    ap.add_argument("--swept-k", type=int, default=None, help="the gate_swept arm's gate.k")
+    ap.add_argument("--swept-d", type=float, default=None, help="the gate_swept arm's gate.threshold")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the starting model's sweep episodes")
     ap.add_argument("--force", action="store_true", help="rerun runs that already finished")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON and plot from runs/")
     args = ap.parse_args()
@@ -276,6 +351,8 @@ def main() -> None:
     if not args.summarize:
         if not (ROOT / args.model).exists():
             sys.exit(f"{args.model} not found: run `make quickstart` first (it trains the SFT model every arm starts from)")
+        if not args.no_sweep:
+            sweep_groups(args)
         for seed in args.seeds:  # seed-major: an interrupted experiment still has every arm at the first seeds
             for arm in arms:
                 run_arm(arm, seed, args)

@@ -60,3 +60,17 @@ def test_t_interval(bench: Any) -> None:
     assert r["mean"] == pytest.approx(0.4)
     assert r["ci95"][0] == pytest.approx(0.4 - 4.303 * 0.2 / 3 ** 0.5)
     assert bench.t_ci([0.5])["ci95"] is None
+
+
+def test_pilot_replay(bench: Any, tmp_path: Path) -> None:
+    groups = [
+        _group([["a"]] * 4, [0.0, 0.0, 0.0, 0.0]),  # pilot alike, group zero-variance: a correct drop
+        _group([["a"]] * 4, [0.0, 0.0, 1.0, 0.0]),  # pilot alike, group informative: a wrong drop at size 2
+        _group([["a"]] * 4, [1.0, 0.0, 1.0, 1.0]),  # pilot differs: committed
+    ]
+    p = tmp_path / "groups.jsonl"
+    p.write_text("".join(json.dumps(g) + "\n" for g in groups))
+    rows = {r["size"]: r for r in bench.pilot_replay([p])}
+    assert (rows[2]["drops"], rows[2]["precision"], rows[2]["recall"]) == (2, 0.5, 1.0)
+    assert rows[2]["tokens_saved_frac"] == round(40 / 120, 4)
+    assert (rows[3]["drops"], rows[3]["precision"]) == (1, 1.0)
