@@ -63,7 +63,7 @@ ARMS: dict[str, tuple[str, list[str], str]] = {
 }
 MAIN_ARMS = ["baseline", "gate", "dapo", "greso", "pilot", "replay"]
 SWEEP_K = [1, 2, 3, 4]
-SWEEP_D = [0.05, 0.12, 0.25, 0.4]
+SWEEP_D = [0.05, 0.12, 0.25, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
