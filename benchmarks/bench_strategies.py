@@ -16,7 +16,8 @@ optimizer steps, group size and evaluation:
   gives the gate's precision and recall, and ``groups.jsonl`` gives the K/d sweep offline (the gate's own
   distance function over each logged group's tool-call prefixes);
 * held-out success: the 32 test tasks x ``--eval-seeds`` sampled at T=1.0 (the policy as it is trained),
-  before training (once: every arm starts from the same model) and after each run; the 95% CI of an arm
+  before training (once, in its own run, ``runs/strategies/before``: every arm starts from the same model, and
+  rollouts overlap a before-eval inside a timed run) and after each run; the 95% CI of an arm
   is over its training seeds (Student t).
 
 Runs land in ``runs/strategies/<arm>/seed<s>``; a run whose ``result.json`` exists is reused, so the
@@ -86,18 +87,27 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> None:
         if args.swept_k is None or args.swept_d is None:
             sys.exit("the gate_swept arm needs --swept-k and --swept-d (read them off the start model's sweep)")
         extra = [f"gate.k={args.swept_k}", f"gate.threshold={args.swept_d}"]
-    before = arm == "baseline" and seed == args.seeds[0]
-    sets = common_sets(args, seed, out, before) + extra
+    sets = common_sets(args, seed, out, False) + extra
     sh("train", "--config", str(CONFIGS / config), *[a for s in sets for a in ("--set", s)])
 
 
-def t_ci(xs: list[float]) -> dict[str, Any]:
-    """Mean and a 95% Student-t interval over runs (None with fewer than 2)."""
+def before_eval(args: argparse.Namespace) -> None:
+    """The starting model's held-out success, with the arms' eval protocol: the baseline config's own before-eval
+    (one training step runs after it; only the eval is used)."""
+    out = RUN / "before"
+    if (out / "result.json").exists() and not args.force:
+        return
+    sets = [*common_sets(args, args.seeds[0], out, True), "run.steps=1", "eval.after=false"]
+    sh("train", "--config", str(CONFIGS / "baseline.toml"), *[a for s in sets for a in ("--set", s)])
+
+
+def t_ci(xs: list[float], lo: float = -math.inf, hi: float = math.inf) -> dict[str, Any]:
+    """Mean and a 95% Student-t interval over runs (None with fewer than 2), clipped to ``[lo, hi]``."""
     m = statistics.fmean(xs) if xs else math.nan
     if len(xs) < 2:
         return {"mean": m, "ci95": None, "n": len(xs)}
     h = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return {"mean": m, "ci95": [m - h, m + h], "n": len(xs)}
+    return {"mean": m, "ci95": [max(lo, m - h), min(hi, m + h)], "n": len(xs)}
 
 
 def load_run(d: Path) -> dict[str, Any]:
@@ -117,6 +127,9 @@ def load_run(d: Path) -> dict[str, Any]:
         "rollout_s": round(sum(float(r.get("time/rollout_s", 0.0)) for r in steps), 1),
         "train_s": round(sum(float(r.get("time/train_s", 0.0)) for r in steps), 1),
         "generated_tokens": int(groups.get("generated_tokens", 0)), "episodes": int(groups.get("episodes", 0)),
+        # a step whose groups all have zero advantage trains nothing (no samples, no optimizer step), in every arm
+        "optimizer_steps": int(sum(int(r.get("train/optimizer_steps") or 0) for r in steps)),
+        "trained_samples": int(sum(int(r.get("rollout/samples") or 0) for r in steps)),
         "groups_finished": finished, "tasks_skipped": skipped, "outcomes": outcomes,
         "groups_not_trained": int(not_trained),
         # groups that were cut, filtered or never rolled out, over the groups the run drew
@@ -126,11 +139,6 @@ def load_run(d: Path) -> dict[str, Any]:
         "reward_curve": [{"step": r["step"], "elapsed_s": round(float(r["elapsed_s"]), 1),
                           "reward": r.get("rollout/reward_mean")} for r in steps],
     }
-    if res.get("before"):  # the before eval ran inside the timed run: take it out of the training wall-clock
-        rec["before"] = _eval(res["before"])
-        rec["train_wall_s"] = round(rec["train_wall_s"] - rec["before"]["wall_s"], 1)
-        for c in rec["reward_curve"]:
-            c["elapsed_s"] = round(c["elapsed_s"] - rec["before"]["wall_s"], 1)
     return rec
 
 
@@ -230,24 +238,25 @@ def _r(a: float, b: float) -> float | None:
 
 def summarize(args: argparse.Namespace) -> dict[str, Any]:
     arms: dict[str, Any] = {}
-    before = None
+    b = RUN / "before" / "result.json"
+    before = _eval(json.loads(b.read_text()).get("before")) if b.exists() else None
     for arm in ARMS:
         runs = [load_run(d) for d in sorted((RUN / arm).glob("seed*")) if (d / "result.json").exists()]
         if not runs:
             continue
-        for r in runs:
-            before = before or r.get("before")
         after = [r["after"]["success"] for r in runs if r["after"]]
         arms[arm] = {
             "config": f"configs/train/strategies/{ARMS[arm][0]}", "extra_sets": ARMS[arm][1], "compared_with": ARMS[arm][2],
             "gate": (json.loads((RUN / arm / f"seed{runs[0]['seed']}" / "config.json").read_text()).get("gate")
                      if arm.startswith("gate") else None),
             "seeds": [r["seed"] for r in runs],
-            "train_wall_s": t_ci([r["train_wall_s"] for r in runs]),
-            "rollout_s": t_ci([r["rollout_s"] for r in runs]),
-            "generated_tokens": t_ci([float(r["generated_tokens"]) for r in runs]),
-            "cut_or_skipped_frac": t_ci([r["cut_or_skipped_frac"] for r in runs]),
-            "after_success": t_ci(after),
+            "train_wall_s": t_ci([r["train_wall_s"] for r in runs], 0.0),
+            "rollout_s": t_ci([r["rollout_s"] for r in runs], 0.0),
+            "generated_tokens": t_ci([float(r["generated_tokens"]) for r in runs], 0.0),
+            "cut_or_skipped_frac": t_ci([r["cut_or_skipped_frac"] for r in runs], 0.0, 1.0),
+            "optimizer_steps": t_ci([float(r["optimizer_steps"]) for r in runs], 0.0),
+            "trained_samples": t_ci([float(r["trained_samples"]) for r in runs], 0.0),
+            "after_success": t_ci(after, 0.0, 1.0),
             "runs": runs,
         }
     for a in arms.values():
@@ -286,6 +295,25 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
         "pilot_replay": pilot_replay([d / "groups.jsonl" for d in sorted((RUN / "baseline").glob("seed*"))]),
         "pilot_replay_start_model": pilot_replay([RUN / "sweep-start" / "groups.jsonl"]),
     }
+
+
+def markdown_table(out: dict[str, Any]) -> str:
+    """The README's table, from the JSON (mean [95% CI over seeds])."""
+
+    def f(x: dict[str, Any], k: float = 1.0, nd: int = 0) -> str:
+        m, ci = x["mean"], x["ci95"]
+        return f"{m * k:.{nd}f}" + (f" [{ci[0] * k:.{nd}f}, {ci[1] * k:.{nd}f}]" if ci else "")
+
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{100 * v:+.0f}%"
+
+    rows = ["| Arm | Wall-clock s | Rollout s | Generated tokens | Optimizer steps | Groups cut or skipped | "
+            "Held-out success % | Wall / tokens vs its reference |", "|---|---|---|---|---|---|---|---|"]
+    for name, a in out["arms"].items():
+        rows.append(f"| {name} | {f(a['train_wall_s'])} | {f(a['rollout_s'])} | {f(a['generated_tokens'])} | "
+                    f"{f(a['optimizer_steps'], nd=1)} | {f(a['cut_or_skipped_frac'], 100)}% | {f(a['after_success'], 100, 1)} | "
+                    f"{pct(a.get('wall_vs_reference'))} / {pct(a.get('tokens_vs_reference'))} vs {a['compared_with']} |")
+    return "\n".join(rows)
 
 
 def plot(out: dict[str, Any], path: Path) -> None:
@@ -351,6 +379,7 @@ def main() -> None:
     if not args.summarize:
         if not (ROOT / args.model).exists():
             sys.exit(f"{args.model} not found: run `make quickstart` first (it trains the SFT model every arm starts from)")
+        before_eval(args)
         if not args.no_sweep:
             sweep_groups(args)
         for seed in args.seeds:  # seed-major: an interrupted experiment still has every arm at the first seeds
@@ -361,6 +390,7 @@ def main() -> None:
     (RESULTS / "strategies.json").write_text(json.dumps(out, indent=2) + "\n")
     if out["arms"]:
         plot(out, RESULTS / "strategies.png")
+    print(markdown_table(out))
     print(json.dumps({a: {"wall_s": r["train_wall_s"]["mean"], "tokens": r["generated_tokens"]["mean"],
                           "cut": r["cut_or_skipped_frac"]["mean"], "after": r["after_success"]["mean"]}
                       for a, r in out["arms"].items()}, indent=1))
