@@ -336,18 +336,20 @@ def plot(out: dict[str, Any], path: Path) -> None:
         if before is not None:
             a.plot([0, r["train_wall_s"]["mean"]], [100 * before, 100 * m], color=colors[arm], lw=0.8, alpha=0.6)
         curves = [c["reward_curve"] for c in r["runs"]]
-        n = min(len(c) for c in curves)
-        b.plot([statistics.fmean(c[i]["elapsed_s"] for c in curves) for i in range(n)],
-               [statistics.fmean((c[i]["reward"] or 0.0) for c in curves) for i in range(n)],
-               marker=".", color=colors[arm], label=arm)
+        pts = []  # a step whose batch came back empty (every group cut) has no reward: left out, not drawn as 0
+        for i in range(min(len(c) for c in curves)):
+            vals = [c[i]["reward"] for c in curves if c[i]["reward"] is not None]
+            if vals:
+                pts.append((statistics.fmean(c[i]["elapsed_s"] for c in curves), statistics.fmean(vals)))
+        b.plot([x for x, _ in pts], [y for _, y in pts], marker=".", color=colors[arm], label=arm)
     a.set_xlabel("training wall-clock (s), rollouts + updates")
     a.set_ylabel("held-out success (%), T=1.0")
     a.set_title("success vs wall-clock (mean, 95% CI over seeds)")
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
     b.set_xlabel("training wall-clock (s)")
-    b.set_ylabel("mean reward of the trained batch")
-    b.set_title("training reward (mean over seeds)")
+    b.set_ylabel("mean reward of the step's groups")
+    b.set_title("mean reward of each step's batch (over seeds)")
     b.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
