@@ -149,6 +149,16 @@ def _eval(ev: dict[str, Any] | None) -> dict[str, Any] | None:
             "wall_s": round(float(ev["wall_s"]), 1)}
 
 
+def _whole_groups(paths: list[Path]) -> list[dict[str, Any]]:
+    """The ``groups.jsonl`` lines of ``paths`` (missing files skipped) whose groups ran to the end."""
+    groups = [json.loads(x) for p in paths if p.exists() for x in p.read_text().splitlines() if x.strip()]
+    return [g for g in groups if not g.get("early_stopped")]
+
+
+def _zero_variance(g: dict[str, Any]) -> bool:
+    return max(g["rewards"]) - min(g["rewards"]) <= 1e-9
+
+
 def sweep(paths: list[Path]) -> list[dict[str, Any]]:
     """The gate's decision rule replayed over the baseline's logged groups for each (K, d).
 
@@ -158,10 +168,9 @@ def sweep(paths: list[Path]) -> list[dict[str, Any]]:
     the share stopped; saved: the generated tokens after turn K of the stopped groups over all tokens."""
     from agentgym.rollout.gates import mean_pairwise_distance
 
-    groups = [json.loads(x) for p in paths if p.exists() for x in p.read_text().splitlines() if x.strip()]
-    groups = [g for g in groups if not g.get("early_stopped")]
+    groups = _whole_groups(paths)
     total_tokens = sum(sum(t) for g in groups for t in g["turn_tokens"])
-    zv_all = sum(1 for g in groups if max(g["rewards"]) - min(g["rewards"]) <= 1e-9)
+    zv_all = sum(1 for g in groups if _zero_variance(g))
     out = []
     for k in SWEEP_K:
         for d in SWEEP_D:
@@ -172,7 +181,7 @@ def sweep(paths: list[Path]) -> list[dict[str, Any]]:
                 if max(len(c) for c in calls) <= k:
                     continue
                 dec += 1
-                is_zv = max(g["rewards"]) - min(g["rewards"]) <= 1e-9
+                is_zv = _zero_variance(g)
                 zv += is_zv
                 score = mean_pairwise_distance([c[:k] for c in calls], "step")
                 if score < d:
@@ -190,14 +199,13 @@ def pilot_replay(paths: list[Path], sizes: tuple[int, ...] = (2, 3, 4)) -> list[
     """Pilot-then-commit's rule replayed over logged whole groups: the pilot is the first ``size`` members, and
     the group is dropped when their rewards are all equal. Precision: dropped groups that were really
     zero-variance; recall: zero-variance groups dropped; saved: the other members' tokens in dropped groups."""
-    groups = [json.loads(x) for p in paths if p.exists() for x in p.read_text().splitlines() if x.strip()]
-    groups = [g for g in groups if not g.get("early_stopped")]
+    groups = _whole_groups(paths)
     total = sum(sum(t) for g in groups for t in g["turn_tokens"])
     out = []
     for size in sizes:
         drops = correct = zv = saved = 0
         for g in groups:
-            is_zv = max(g["rewards"]) - min(g["rewards"]) <= 1e-9
+            is_zv = _zero_variance(g)
             zv += is_zv
             pilot = g["rewards"][:size]
             if max(pilot) - min(pilot) <= 1e-9:
