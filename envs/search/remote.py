@@ -31,6 +31,7 @@ from agentgym.envs.search.retrieval import Hit, Retriever
 from pydantic import BaseModel, Field
 
 from agentgym.errors import ConfigurationError, RetrievalError
+from agentgym.serve.runner import ConnectionLimits, ServerThread
 
 __all__ = ["RemoteRetriever", "RetrieverServer", "create_app", "hit_to_document", "parse_contents"]
 
@@ -350,7 +351,7 @@ def _create_fastapi(retriever: Retriever, *, default_topk: int) -> Any:
     return app
 
 
-class RetrieverServer:
+class RetrieverServer(ServerThread):
     """Serve a retriever with uvicorn in a background thread (tests, benchmarks, notebooks).
 
     Use as a context manager; the port is chosen by the OS unless given::
@@ -365,52 +366,21 @@ class RetrieverServer:
         default_topk: ``topk`` when a request omits it.
         startup_timeout_s: How long :meth:`start` waits for the server to accept requests.
         max_request_bytes / rate_per_s / burst: The server's limits (see :func:`create_app`).
+        limits: Connection bounds (cap, header and idle timeouts; see :mod:`agentgym.serve.runner`).
     """
 
     def __init__(self, retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3,
                  startup_timeout_s: float = 20.0, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: int = DEFAULT_BURST) -> None:
-        import socket
-
-        import uvicorn
-
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = host, int(self._sock.getsockname()[1])
+                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: int = DEFAULT_BURST,
+                 limits: ConnectionLimits | None = None) -> None:
         app = create_app(retriever, default_topk=default_topk, max_request_bytes=max_request_bytes,
                          rate_per_s=rate_per_s, burst=burst)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread: Any = None
-        self._startup_timeout_s = startup_timeout_s
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(app, host=host, port=port, limits=limits, startup_timeout_s=startup_timeout_s,
+                         name="retriever", lifespan="off")
 
     def start(self) -> RetrieverServer:
-        import threading
-
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
-                                        name=f"retriever-{self.port}")
-        self._thread.start()
-        deadline = time.monotonic() + self._startup_timeout_s
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                self.stop()
-                raise RetrievalError(f"retrieval server on {self.url} did not start within {self._startup_timeout_s:g} s")
-            time.sleep(0.01)
+        try:
+            super().start()
+        except TimeoutError as e:
+            raise RetrievalError(str(e)) from None
         return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        self._sock.close()
-
-    def __enter__(self) -> RetrieverServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
