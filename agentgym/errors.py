@@ -20,6 +20,7 @@ Three cases stay distinct (STYLE.md, principle 12):
     │   ├── ResetNeeded               step() before reset() or after the episode ended
     │   ├── TaskNotFound              reset(options={"task_id": ...}) names no task
     │   └── EnvServerError            an env server (RemoteEnv) is unreachable, refused or failed
+    │       └── EnvServerAtCapacity   every session slot of the env server is taken
     ├── SandboxError                  the sandbox backend itself failed (not the agent's program)
     │   └── SandboxUnavailable        the backend is not installed or cannot start
     ├── RetrievalError                the retrieval backend failed (dead server after retries)
@@ -42,6 +43,7 @@ __all__ = [
     "ContextLengthExceeded",
     "DependencyNotInstalled",
     "EnvError",
+    "EnvServerAtCapacity",
     "EnvServerError",
     "PolicyClientError",
     "PolicyError",
@@ -141,6 +143,14 @@ class EnvServerError(EnvError):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+
+
+class EnvServerAtCapacity(EnvServerError):
+    """Every session slot of the env server is taken (``--max-sessions``, or an OpenEnv server's
+    ``max_concurrent_envs``). ``RemoteEnv`` waits for a free one for a bounded time, then raises this."""
+
+    def __init__(self, message: str, *, status: int | None = 503, retryable: bool = True) -> None:
+        super().__init__(message, status=status, retryable=retryable)
 
 
 class SandboxError(AgentGymError, RuntimeError):

@@ -12,37 +12,50 @@ any OpenEnv server (``openenv-core``'s ``create_app``; over its ``/ws`` session 
 OpenEnv env becomes an AgentGym env. See :class:`RemoteEnv` for how its actions and observations
 are mapped.
 
-Faults: every call has a deadline. Calls that cannot apply twice are retried on transport errors
-(reads, ``reset``, and ``step``, which carries a ``request_id`` the server deduplicates); a call
-that fails for good raises :class:`~agentgym.errors.EnvServerError`, which ends the episode in
-flight with an error while the run goes on. Server errors map onto :mod:`agentgym.errors`. With a
-list of URLs, sessions are spread over the servers and dead ones are skipped
-(:class:`~agentgym.serve.pool.RemotePool`).
+Faults: every attempt of a call has a total deadline (``timeout_s``, however slowly the server
+sends) and every response a size cap (``max_response_bytes``); a response that is not acceptable
+JSON (bad syntax, absurd integers or nesting) is an :class:`~agentgym.errors.EnvServerError`. Calls
+that cannot apply twice are retried on transport errors (reads, ``reset``, and ``step``, which
+carries a ``request_id`` the server deduplicates); a call that fails for good raises
+:class:`~agentgym.errors.EnvServerError`, which ends the episode in flight with an error while the
+run goes on. A server at capacity is waited for (``capacity_wait_s``), then
+:class:`~agentgym.errors.EnvServerAtCapacity`. Server errors map onto :mod:`agentgym.errors`.
+Credentials in a URL (``http://user:TOKEN@host``) are sent as HTTP Basic auth and never appear in
+a message. With a list of URLs, sessions are spread over the servers and dead ones are skipped
+(:class:`~agentgym.serve.pool.RemotePool`; :func:`remote_env_factory` shares one pool).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import heapq
+import itertools
 import json
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
 
 from agentgym.core import AgentEnv
-from agentgym.errors import ConfigurationError, EnvServerError, ResetNeeded, TaskNotFound
+from agentgym.errors import ConfigurationError, EnvServerAtCapacity, EnvServerError, ResetNeeded, TaskNotFound
 from agentgym.parsers import get_parser
-from agentgym.serve.protocol import dumps, error_from_body, is_loopback, task_from_wire
+from agentgym.serve.pool import RemotePool
+from agentgym.serve.protocol import MalformedJSON, dumps, error_from_body, is_loopback, loads, task_from_wire
 from agentgym.tools import Tool, ToolSet
 from agentgym.types import Message, TaskSpec, ToolSpec
 
-__all__ = ["RemoteEnv"]
+__all__ = ["RemoteEnv", "remote_env_factory"]
+
+DEFAULT_MAX_RESPONSE_BYTES = 2**26  # 64 MiB, as the WebSocket path's message cap
 
 log = logging.getLogger(__name__)
 _CODE_FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.S)
@@ -57,20 +70,96 @@ class _Gone(Exception):
         self.dead = dead
 
 
+class _Watchdog:
+    """One daemon thread that runs callbacks at deadlines (a ``threading.Timer`` per call costs a thread).
+
+    ``RemoteEnv`` uses it to cut a call whose server keeps it waiting past its deadline: httpx's
+    timeouts bound each read, not the call, so a server that trickles bytes holds a call forever.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []  # [when, seq, callback, cancelled]
+        self._cv = threading.Condition()
+        self._seq = itertools.count()
+        self._cancelled = 0
+        self._pid = -1
+
+    def schedule(self, when: float, callback: Callable[[], None]) -> list[Any]:
+        entry = [when, next(self._seq), callback, False]
+        with self._cv:
+            if self._pid != os.getpid():  # first use, or a forked child: the thread is not there
+                self._pid = os.getpid()
+                self._heap, self._cancelled = [], 0
+                threading.Thread(target=self._run, daemon=True, name="agentgym-remote-watchdog").start()
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:
+                self._cv.notify()
+        return entry
+
+    def cancel(self, entry: list[Any]) -> None:
+        with self._cv:
+            if not entry[3]:
+                entry[3] = True
+                self._cancelled += 1
+                if self._cancelled > 1024 and self._cancelled * 2 > len(self._heap):
+                    self._heap = [e for e in self._heap if not e[3]]
+                    heapq.heapify(self._heap)
+                    self._cancelled = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                entry = self._heap[0]
+                if entry[3]:
+                    heapq.heappop(self._heap)
+                    self._cancelled = max(0, self._cancelled - 1)
+                    continue
+                delay = entry[0] - time.monotonic()
+                if delay > 0:
+                    self._cv.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+                entry[3] = True
+            try:
+                entry[2]()
+            except Exception as e:  # a callback must not kill the watchdog
+                log.debug("watchdog callback failed: %s", e)
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without ``user:password@``, and the credentials it carried."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    netloc = parts.netloc.rpartition("@")[2]
+    clean = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return clean, (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or ""))
+
+
 class RemoteEnv(AgentEnv):
     """An env served by ``agentgym serve`` or by any OpenEnv server.
 
     Args:
         url: The server's base URL (``http://host:port``, or ``.../envs/SQL-v0`` for one of several
             envs), or a list (or comma-separated string) of URLs to spread sessions over.
+            ``http://user:TOKEN@host`` sends HTTP Basic auth (prefer ``token=``/``AGENTGYM_TOKEN``).
         env_id: Which served env to use (default: the one at ``url``). Ignored by OpenEnv servers.
         token: Bearer token (default: ``$AGENTGYM_TOKEN``).
         transport: ``"http"``, ``"ws"`` or ``"auto"`` (HTTP for ``agentgym serve``; OpenEnv servers
             are stateful only over their WebSocket, so ``"auto"`` picks ``"ws"`` for them).
-        timeout_s: Deadline of one call (the server's own step timeout should be shorter).
+        timeout_s: Deadline of one attempt of a call, in total (the server's own step timeout should
+            be shorter).
         connect_timeout_s: Deadline to connect.
         retries: Extra attempts of a retryable call.
         backoff_s: First backoff; doubles each retry.
+        max_response_bytes: Largest response (HTTP body or WebSocket message) accepted.
+        capacity_wait_s: How long to wait for a free session when every server is at capacity
+            (retrying with backoff); then :class:`~agentgym.errors.EnvServerAtCapacity`.
         parser: Override the served env's parser (sent as an env kwarg; needs the server to allow it).
         format_penalty: Sent as an env kwarg, like ``parser``.
         env_kwargs: Other env kwargs for the session (the server allows ``parser`` and
@@ -79,8 +168,9 @@ class RemoteEnv(AgentEnv):
             ``seed-N`` being ``reset(seed=N)`` (train: N < openenv_tasks, test: N >= 10**6).
         success_reward: OpenEnv servers report no success: an episode that ends with a step reward
             above this counts as solved.
-        pool: A :class:`~agentgym.serve.pool.RemotePool` to pick the server from (default: the
-            process-wide pool of ``url`` when it lists several servers).
+        pool: A :class:`~agentgym.serve.pool.RemotePool` to pick the server from and report to
+            (:func:`remote_env_factory` passes one); default: a pool of this env's own when ``url``
+            lists several servers.
     """
 
     family = "remote"
@@ -97,29 +187,36 @@ class RemoteEnv(AgentEnv):
         connect_timeout_s: float = 5.0,
         retries: int = 2,
         backoff_s: float = 0.2,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        capacity_wait_s: float = 60.0,
         parser: str | None = None,
         format_penalty: float | None = None,
         env_kwargs: dict[str, Any] | None = None,
         openenv_tasks: int = 100,
         success_reward: float = 0.0,
-        pool: Any = None,
+        pool: RemotePool | None = None,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(render_mode=render_mode)
         if transport not in ("auto", "http", "ws"):
             raise ConfigurationError(f"transport must be 'auto', 'http' or 'ws', got {transport!r}.")
-        from agentgym.serve.pool import RemotePool
-
-        urls = [u.strip() for u in (url.split(",") if isinstance(url, str) else url or ()) if u and u.strip()]
-        if not urls:
+        raw = [u.strip() for u in (url.split(",") if isinstance(url, str) else url or ()) if u and u.strip()]
+        if not raw:
             raise ConfigurationError("RemoteEnv needs url= (http://host:port of `agentgym serve` or an OpenEnv server).")
-        for u in urls:
-            if not u.startswith(("http://", "https://", "ws://", "wss://")):
-                raise ConfigurationError(f"env server URL {u!r} must start with http:// or https://.")
+        urls: list[str] = []
+        self._basic: tuple[str, str] | None = None
+        for u in raw:
+            clean, creds = _split_credentials(u)
+            if not clean.startswith(("http://", "https://", "ws://", "wss://")):
+                raise ConfigurationError(f"env server URL {clean!r} must start with http:// or https://.")
+            urls.append(clean)
+            self._basic = self._basic or creds
+        if max_response_bytes < 1 or timeout_s <= 0 or capacity_wait_s < 0:
+            raise ConfigurationError("RemoteEnv needs max_response_bytes >= 1, timeout_s > 0 and capacity_wait_s >= 0.")
         self.token = token if token is not None else os.environ.get("AGENTGYM_TOKEN") or None
         if pool is None and len(urls) > 1:
-            pool = RemotePool.shared(urls, token=self.token, connect_timeout_s=connect_timeout_s)
-        self.pool: RemotePool | None = pool
+            pool = RemotePool(urls)
+        self.pool = pool
         self.urls = urls
         self.requested_env_id = env_id
         self.transport_pref = transport
@@ -127,6 +224,8 @@ class RemoteEnv(AgentEnv):
         self.connect_timeout_s = float(connect_timeout_s)
         self.retries = max(0, int(retries))
         self.backoff_s = float(backoff_s)
+        self.max_response_bytes = int(max_response_bytes)
+        self.capacity_wait_s = float(capacity_wait_s)
         kw = dict(env_kwargs or {})
         if parser is not None:
             kw["parser"] = parser
@@ -147,6 +246,7 @@ class RemoteEnv(AgentEnv):
         self._toolset = ToolSet()
         self.max_action_chars: int | None = None
         self._http: Any = None
+        self._streams: list[Any] = []  # the HTTP client's network streams (cut when a call overruns)
         self._ws: Any = None
         self._tasks: dict[str, list[TaskSpec]] = {}
         self._openenv_field: str | None = None
@@ -156,10 +256,18 @@ class RemoteEnv(AgentEnv):
         self._connect()
 
     # ================================================================================ connection
+    def _auth_header(self) -> str | None:
+        if self.token:
+            return f"Bearer {self.token}"
+        if self._basic is not None:
+            return "Basic " + base64.b64encode(f"{self._basic[0]}:{self._basic[1]}".encode()).decode()
+        return None
+
     def _headers(self) -> dict[str, str]:
         h = {"content-type": "application/json", "accept": "application/json"}
-        if self.token:
-            h["authorization"] = f"Bearer {self.token}"
+        auth = self._auth_header()
+        if auth:
+            h["authorization"] = auth
         return h
 
     def _client(self) -> Any:
@@ -167,21 +275,58 @@ class RemoteEnv(AgentEnv):
             import httpx
 
             host = urllib.parse.urlsplit(self.url).hostname or ""
+            self._streams = []
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
                                       headers=self._headers(), trust_env=not is_loopback(host), verify=_ssl_context(),
                                       limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
         return self._http
 
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpx's trace hook: remember every connection this client opens (to cut it on overrun)."""
+        if event == "connection.connect_tcp.complete":
+            stream = info.get("return_value")
+            if stream is not None:
+                self._streams = [s for s in self._streams if _sock_of(s) is not None] + [stream]
+
+    def _cut(self) -> None:
+        """The call overran its deadline: shut its connections down (a blocked read returns at once)."""
+        for stream in list(self._streams):
+            sock = _sock_of(stream)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
     def _connect(self) -> None:
+        """Open a session, waiting up to ``capacity_wait_s`` (with backoff) while every server is full."""
+        deadline = time.monotonic() + self.capacity_wait_s
+        delay = max(0.05, self.backoff_s)
+        while True:
+            try:
+                self._connect_once()
+                return
+            except EnvServerAtCapacity as e:
+                if time.monotonic() + delay > deadline:
+                    raise EnvServerAtCapacity(f"{e} (waited {self.capacity_wait_s:g} s for a free session)",
+                                              status=e.status) from None
+                log.info("RemoteEnv: every server is at capacity; retrying in %.2f s", delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+    def _connect_once(self) -> None:
         """Pick a server, learn what it serves, and open a session there."""
         tried: list[str] = []
         candidates = self.pool.candidates() if self.pool is not None else list(self.urls)
         last: Exception | None = None
+        full: EnvServerAtCapacity | None = None
         for url in candidates:
             self._drop_transport()
             self.url = url.rstrip("/").replace("ws://", "http://", 1).replace("wss://", "https://", 1)
             try:
                 self._open()
+            except EnvServerAtCapacity as e:  # alive but full: try the next one, it is not dead
+                self._drop_transport()
+                full = e
+                continue
             except (_Gone, EnvServerError) as e:
                 retryable = isinstance(e, _Gone) or e.retryable or e.status is None
                 if self.pool is None or not retryable:
@@ -200,6 +345,8 @@ class RemoteEnv(AgentEnv):
                 self.pool.acquire(url)
             return
         self._drop_transport()
+        if full is not None:
+            raise full
         raise EnvServerError(f"no env server could be reached (tried {', '.join(tried) or 'none'}; last error: {last})",
                              retryable=True)
 
@@ -231,6 +378,8 @@ class RemoteEnv(AgentEnv):
             if self.session_kwargs:
                 raise ConfigurationError("env kwargs (parser, format_penalty...) need transport='http'.")
             self._ws_open(self.base)
+            # the first answer on the connection: a server at capacity says so here, not at reset
+            spec_body = self._ws_call({"type": "agentgym/spec"})["data"]
         self._apply_spec(spec_body)
 
     def _get_spec(self, base: str) -> dict[str, Any] | None:
@@ -289,7 +438,7 @@ class RemoteEnv(AgentEnv):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                r = self._client().request(method, url, content=content, params=params)
+                status, data = self._http_attempt(method, url, content, params)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server: always safe
                 last = f"{type(e).__name__}: {e}"
                 continue
@@ -303,21 +452,72 @@ class RemoteEnv(AgentEnv):
                 raise EnvServerError(f"{url}: no answer within {self.timeout_s:g} s ({type(e).__name__})") from None
             except httpx.HTTPError as e:
                 raise EnvServerError(f"{url}: {type(e).__name__}: {e}") from None
-            if r.status_code < 300:
-                try:
-                    return r.json()
-                except ValueError:
-                    raise EnvServerError(f"{url}: the server sent a response that is not JSON") from None
             try:
-                err_body = r.json()
-            except ValueError:
-                err_body = {"detail": r.text[:300]}
-            err = error_from_body(r.status_code, err_body, url)
+                decoded = loads(data)
+            except MalformedJSON as e:
+                if status < 300:
+                    raise EnvServerError(f"{url}: the server sent a response that is not acceptable JSON ({e})") from None
+                decoded = {"detail": data[:300].decode("utf-8", "replace")}
+            if status < 300:
+                return decoded
+            err = error_from_body(status, decoded, url)
             if isinstance(err, EnvServerError) and err.retryable and idempotent and attempt < self.retries:
                 last = str(err)
                 continue
             raise err
         raise EnvServerError(f"env server {url} failed after {self.retries + 1} attempts ({last})", retryable=True)
+
+    def _http_attempt(self, method: str, url: str, content: bytes | None, params: dict[str, Any] | None,
+                      timeout_s: float | None = None) -> tuple[int, bytes]:
+        """One request, whole within ``timeout_s`` (default: the env's) and at most ``max_response_bytes`` long."""
+        import httpx
+
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        client = self._client()
+        cut: list[bool] = []
+
+        def overrun() -> None:
+            cut.append(True)
+            self._cut()
+
+        timer = _WATCHDOG.schedule(time.monotonic() + timeout_s, overrun)
+        try:
+            request = client.build_request(method, url, content=content, params=params,
+                                           extensions={"trace": self._trace})
+            response = client.send(request, stream=True)
+            try:
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.max_response_bytes:
+                    raise EnvServerError(f"{url}: the response is larger than {self.max_response_bytes} bytes "
+                                         f"(max_response_bytes; it declares {declared})")
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > self.max_response_bytes:
+                        raise EnvServerError(f"{url}: the response is larger than {self.max_response_bytes} bytes "
+                                             "(max_response_bytes)")
+                    chunks.append(chunk)
+            finally:
+                response.close()
+        except httpx.HTTPError:
+            if cut:
+                self._drop_client()
+                raise EnvServerError(f"{url}: no complete answer within {timeout_s:g} s") from None
+            raise
+        except EnvServerError:
+            self._drop_client()  # the rest of the body is unread: the connection is useless
+            raise
+        finally:
+            _WATCHDOG.cancel(timer)
+        if cut:  # the deadline fired as the answer completed: it did complete
+            self._drop_client()
+        return response.status_code, b"".join(chunks)
+
+    def _drop_client(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
 
     # ================================================================================ WebSocket
     def _ws_open(self, base: str) -> None:
@@ -325,14 +525,15 @@ class RemoteEnv(AgentEnv):
 
         ws_url = base.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/ws"
         host = urllib.parse.urlsplit(ws_url).hostname or ""
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        auth = self._auth_header()
+        headers = {"Authorization": auth} if auth else None
         try:
             self._ws = connect(ws_url, additional_headers=headers, open_timeout=self.connect_timeout_s,
-                               max_size=2**26, compression=None, proxy=None if is_loopback(host) else True,
-                               close_timeout=1, ping_interval=None)
+                               max_size=self.max_response_bytes, compression=None,
+                               proxy=None if is_loopback(host) else True, close_timeout=1, ping_interval=None)
         except Exception as e:
             text = str(e)
-            if "403" in text or "1008" in text:
+            if "401" in text or "403" in text or "1008" in text:
                 raise ConfigurationError(f"{ws_url}: the server refused the connection ({text}); pass its token") from None
             raise _Gone(f"{type(e).__name__}: {e}") from None
 
@@ -345,19 +546,33 @@ class RemoteEnv(AgentEnv):
         except TimeoutError:
             raise EnvServerError(f"{self.base}/ws: no answer within {self.timeout_s:g} s") from None
         except Exception as e:  # ConnectionClosed, OSError: the session went with the connection
-            raise _Gone(f"{type(e).__name__}: {e}") from None
-        out = json.loads(raw)
+            raw = self._last_words()
+            if raw is None:
+                raise _Gone(f"{type(e).__name__}: {e}") from None
+        try:
+            out = loads(raw)
+        except MalformedJSON as e:
+            raise EnvServerError(f"{self.base}/ws: the server sent a message that is not acceptable JSON ({e})") from None
+        if not isinstance(out, dict):
+            raise EnvServerError(f"{self.base}/ws: the server sent a message that is not a JSON object")
         if out.get("type") == "error":
-            data = out.get("data") or {}
-            kind = data.get("error_type")
-            if kind is None:  # an OpenEnv server: its codes
-                if data.get("code") == "CAPACITY_REACHED":
-                    raise EnvServerError(f"{self.base}: {data.get('message')}", status=503, retryable=True)
-                kind = "EnvError"
-            raise error_from_body(int(data.get("status") or 500), {"detail": {"type": kind,
-                                                                                "message": data.get("message", "")}},
+            data: dict[str, Any] = out["data"] if isinstance(out.get("data"), dict) else {}
+            if data.get("code") == "CAPACITY_REACHED":  # OpenEnv's servers and agentgym serve
+                raise EnvServerAtCapacity(f"{self.base}: the server is at capacity ({str(data.get('message'))[:300]})")
+            kind = data.get("error_type") or "EnvError"  # OpenEnv servers send only their codes
+            status = data.get("status")
+            raise error_from_body(status if isinstance(status, int) else 500,
+                                  {"detail": {"type": kind, "message": str(data.get("message", ""))}},
                                   self.base + "/ws")
-        return out  # type: ignore[no-any-return]
+        return out
+
+    def _last_words(self) -> str | bytes | None:
+        """A message the server sent before it closed the connection (an OpenEnv server at capacity
+        sends its error and closes at once, so the send of the next call may already fail)."""
+        try:
+            return self._ws.recv(timeout=0)  # type: ignore[no-any-return]
+        except Exception:
+            return None
 
     # ================================================================================ OpenEnv servers
     def _open_openenv(self) -> None:
@@ -480,6 +695,7 @@ class RemoteEnv(AgentEnv):
         data: dict[str, Any] = {"seed": seed}
         out = self._with_session(lambda: self._ws_call({"type": "reset", "data": data}))["data"]
         self._step_reward = 0.0
+        self.metrics = {}  # counted here (tool calls, parse errors), per episode as a local env
         messages = self._openenv_obs(out, first=True)
         info = {"task_id": task_id, "task_type": "openenv", "tools": list(self.tool_specs),
                 "parser": self.parser.name, "metrics": {}}
@@ -623,8 +839,8 @@ class RemoteEnv(AgentEnv):
             self._closed = True
         try:
             if self.transport == "http" and self.session_id is not None and self._http is not None:
-                self._http.request("DELETE", f"{self.base}/agentgym/sessions/{self.session_id}",
-                                   timeout=min(2.0, self.timeout_s))
+                self._http_attempt("DELETE", f"{self.base}/agentgym/sessions/{self.session_id}", None, None,
+                                   timeout_s=min(2.0, self.timeout_s))
             elif self._ws is not None:
                 self._ws.send('{"type":"close"}')
         except Exception as e:  # a dead server: nothing to close
@@ -653,6 +869,26 @@ def _spec_toolset(specs: list[ToolSpec]) -> ToolSet:
         out.add(Tool(f["name"], f.get("description", ""), _remote, pydantic.BaseModel, params,
                      param_names=list((params.get("properties") or {}).keys())))
     return out
+
+
+def _sock_of(stream: Any) -> socket.socket | None:
+    """The open socket of an httpcore network stream, or None."""
+    try:
+        sock = stream.get_extra_info("socket")
+    except Exception:
+        return None
+    return sock if isinstance(sock, socket.socket) and sock.fileno() != -1 else None
+
+
+def remote_env_factory(pool: RemotePool, **env_kwargs: Any) -> Callable[..., RemoteEnv]:
+    """An ``env_factory`` for the rollout runtime whose envs share ``pool`` (least-loaded placement,
+    dead servers skipped for everyone): ``factory(env_id=None, **kwargs)`` opens a :class:`RemoteEnv`
+    on the pool's best server. ``env_kwargs`` (``token``, ``timeout_s``...) apply to every env."""
+
+    def make(env_id: str | None = None, **kwargs: Any) -> RemoteEnv:
+        return RemoteEnv(list(pool.urls), env_id=env_id, pool=pool, **{**env_kwargs, **kwargs})
+
+    return make
 
 
 _SSL: list[Any] = []

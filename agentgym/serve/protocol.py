@@ -40,6 +40,7 @@ from agentgym.errors import (
     AgentGymError,
     ConfigurationError,
     EnvError,
+    EnvServerAtCapacity,
     EnvServerError,
     ResetNeeded,
     TaskNotFound,
@@ -53,9 +54,12 @@ __all__ = [
     "AgentAction",
     "AgentObservation",
     "AgentState",
+    "MalformedJSON",
     "dumps",
     "error_from_body",
     "is_loopback",
+    "loads",
+    "redact_url",
     "task_from_wire",
     "task_to_wire",
 ]
@@ -87,6 +91,8 @@ class AgentObservation(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict, description="task_id, tools, parser, tool_calls, metrics, success...")
     terminated: bool = Field(default=False, description="The task ended (solved, failed or answered)")
     truncated: bool = Field(default=False, description="A limit was hit (turns, time)")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="OpenEnv's observation metadata; on reset "
+                                     "the task prompt as text (prompt) and its task_id")
 
 
 class AgentState(BaseModel):
@@ -124,6 +130,32 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, default=_default, separators=(",", ":")).encode()
 
 
+class MalformedJSON(ValueError):
+    """Bytes that are not acceptable JSON (see :func:`loads`)."""
+
+
+def loads(raw: bytes | str) -> Any:
+    """``json.loads`` where every way bad input fails raises :class:`MalformedJSON`: bad syntax, bad
+    UTF-8, an integer over Python's 4,300-digit limit, nesting deeper than the recursion limit."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise MalformedJSON("JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        raise MalformedJSON(str(e)[:300]) from None
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the credentials of ``user:password@host`` (for messages and logs)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return f"{scheme}://{netloc}{slash}{path}"
+
+
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
     if host in ("localhost", "localhost.localdomain"):
@@ -153,6 +185,7 @@ ERROR_STATUS: dict[str, int] = {
     "ConfigurationError": 400,
     "ValidationError": 400,
     "Unauthorized": 401,
+    "Forbidden": 403,
     "UnknownEnvError": 404,
     "SessionNotFound": 404,
     "TaskNotFound": 404,
@@ -183,6 +216,8 @@ def error_from_body(status: int, body: Any, where: str) -> AgentGymError:
         return ConfigurationError(text)
     if kind == "Unauthorized" or status == 401:
         return ConfigurationError(f"{text} (pass the server's token: RemoteEnv(..., token=...) or AGENTGYM_TOKEN)")
+    if kind == "Forbidden" or status == 403:
+        return ConfigurationError(text)
     if kind == "EnvTimeout":
         from agentgym.rollout.runtime import EnvTimeout
 
@@ -190,7 +225,9 @@ def error_from_body(status: int, body: Any, where: str) -> AgentGymError:
     if kind == "SessionNotFound":
         return EnvServerError(f"{text} (the session expired or the server restarted; the episode is lost)",
                               status=status)
-    if kind == "AtCapacity" or status == 503:
+    if kind == "AtCapacity":
+        return EnvServerAtCapacity(text, status=status)
+    if status == 503:
         return EnvServerError(text, status=status, retryable=True)
     if kind == "PayloadTooLarge" or status == 413:
         return EnvServerError(text, status=status)

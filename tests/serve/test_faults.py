@@ -16,7 +16,7 @@ from agentgym.policies.scripted import ScriptedPolicy
 
 from agentgym.errors import EnvServerError
 from agentgym.rollout import GroupRequest, MultiTurnWorkflow, RolloutEngine, RolloutLimits, RolloutRuntime
-from agentgym.serve.client import RemoteEnv
+from agentgym.serve.client import RemoteEnv, remote_env_factory
 from agentgym.serve.pool import RemotePool
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def test_500_concurrent_sessions_do_not_mix(serve_process: Any) -> None:
 
         results = list(pool.map(play, range(n)))  # all 500 sessions are open meanwhile
         with pytest.raises(EnvServerError, match="capacity"):
-            RemoteEnv(srv.url, retries=0)
+            RemoteEnv(srv.url, retries=0, capacity_wait_s=0)
         list(pool.map(lambda e: e.close(), envs))
     assert all(r == (f"guess-{2 * (i % 32) + 1}", 1.0, True, "correct") for i, r in enumerate(results))
     RemoteEnv(srv.url, retries=0).close()  # closed sessions free their slots
@@ -78,7 +78,7 @@ async def test_server_killed_mid_episode_ends_those_episodes_and_the_run_goes_on
                 killed.append(time.monotonic())
         return _binary_search(messages)
 
-    runtime = RolloutRuntime(max_concurrency=8, env_factory=pool.make)
+    runtime = RolloutRuntime(max_concurrency=8, env_factory=remote_env_factory(pool))
     wf = MultiTurnWorkflow(ScriptedPolicy(policy), limits=RolloutLimits(env_timeout_s=60))
     reqs = [GroupRequest("agentgym/Demo-v0", f"guess-{2 * i + 1}", seed=i) for i in range(8)]
     t0 = time.monotonic()
@@ -107,7 +107,8 @@ def test_pool_skips_dead_servers(serve_process: Any) -> None:
     live = serve_process(["agentgym/Demo-v0"])
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     pool = RemotePool([dead, live.url], cooldown_s=60)
-    envs = [pool.make("agentgym/Demo-v0", retries=0) for _ in range(4)]
+    make = remote_env_factory(pool, retries=0)
+    envs = [make("agentgym/Demo-v0") for _ in range(4)]
     assert all(e.url == live.url for e in envs)
     st = pool.stats()
     assert st[live.url]["sessions"] == 4 and st[dead]["failures"] == 1 and st[dead]["dead_for_s"] > 50
@@ -115,7 +116,7 @@ def test_pool_skips_dead_servers(serve_process: Any) -> None:
     for e in envs:
         e.close()
     assert pool.stats()[live.url]["sessions"] == 0
-    # the same through the registry: a comma-separated url list shares one pool per URL set
+    # the same through the registry: a comma-separated url list (a pool of the env's own)
     import gymnasium
 
     env = gymnasium.make("agentgym/Remote-v0", url=f"{dead},{live.url}", retries=0)
@@ -124,5 +125,5 @@ def test_pool_skips_dead_servers(serve_process: Any) -> None:
     live.kill()
     t = time.monotonic()
     with pytest.raises(EnvServerError, match="no env server could be reached") as e:
-        RemotePool([dead, live.url]).make(retries=0)
+        remote_env_factory(RemotePool([dead, live.url]), retries=0)()
     assert e.value.retryable and time.monotonic() - t < 10

@@ -14,13 +14,21 @@ import httpx
 import pytest
 
 import agentgym
-from agentgym.errors import ConfigurationError, EnvServerError, ResetNeeded, TaskNotFound
+from agentgym.errors import ConfigurationError, EnvServerAtCapacity, EnvServerError, ResetNeeded, TaskNotFound
 from agentgym.rollout.runtime import EnvTimeout
 from agentgym.serve.client import RemoteEnv
 from agentgym.serve.protocol import AgentAction, AgentObservation, is_loopback
 from agentgym.serve.server import EnvServer, ServeConfig
 
 DEMO = "agentgym/Demo-v0"
+
+
+def wait_until(cond: Any, what: str, bound_s: float = 60.0) -> None:
+    """Wait for ``cond()`` to hold (the event itself), failing after a generous bound."""
+    deadline = time.monotonic() + bound_s
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {bound_s:g} s: {what}"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -148,7 +156,7 @@ def test_bad_requests_get_structured_errors_without_tracebacks(demo_server: EnvS
     cases = [
         (httpx.post(url + "/step", content=b"{not json", headers={"content-type": "application/json"}), 400, "BadRequest"),
         (httpx.post(url + "/step", json=[1, 2]), 400, "BadRequest"),
-        (httpx.post(url + "/step", json={"action": {"message": "hi"}}), 400, "BadRequest"),
+        (httpx.post(url + "/step", json={"action": "hi"}), 400, "BadRequest"),  # a stateless step needs an object
         (httpx.post(url + "/step", json={"session_id": "forged", "action": {"message": "hi"}}), 404, "SessionNotFound"),
         (httpx.post(url + "/reset", json={"seed": -1}), 400, "BadRequest"),
         (httpx.post(url + "/agentgym/sessions", json={"env_kwargs": {"path": "/etc"}}), 400, "ConfigurationError"),
@@ -209,12 +217,11 @@ def test_refuses_public_bind_without_token() -> None:
 def test_capacity_and_idle_expiry() -> None:
     with EnvServer(DEMO, max_sessions=2, idle_timeout_s=0.4) as srv:
         a, b = RemoteEnv(srv.url), RemoteEnv(srv.url)
-        with pytest.raises(EnvServerError, match="capacity") as e:
-            RemoteEnv(srv.url, retries=0)
+        with pytest.raises(EnvServerAtCapacity, match="capacity") as e:
+            RemoteEnv(srv.url, retries=0, capacity_wait_s=0)
         assert e.value.retryable
         a.reset(seed=0)
-        time.sleep(1.2)  # both sessions expire
-        assert srv.service.sessions == {}
+        wait_until(lambda: srv.service.sessions == {}, "both sessions expire when idle")
         with pytest.raises(EnvServerError, match="expired"):
             a.step("<tool_call>{\"name\": \"give_up\", \"arguments\": {}}</tool_call>")
         obs, info = b.reset(seed=0)  # reset is idempotent: a new session is opened transparently
@@ -261,10 +268,8 @@ def test_websocket_protocol_errors_keep_the_connection(demo_server: EnvServer) -
         assert [t["name"] for t in mcp["data"]["result"]["tools"]] == ["guess", "give_up"]
         n = len(demo_server.service.sessions)
         ws.send('{"type": "close"}')
-    deadline = time.monotonic() + 5
-    while len(demo_server.service.sessions) >= n and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(demo_server.service.sessions) == n - 1  # the connection's session is gone
+    wait_until(lambda: len(demo_server.service.sessions) < n, "the connection's session is closed")
+    assert len(demo_server.service.sessions) == n - 1  # that one, and only that one
 
 
 def test_client_that_vanishes_mid_request(demo_server: EnvServer, client: httpx.Client) -> None:
@@ -274,14 +279,15 @@ def test_client_that_vanishes_mid_request(demo_server: EnvServer, client: httpx.
     httpx.post(url + "/reset", json={"session_id": sid, "task_id": "guess-31"})
     body = json.dumps({"session_id": sid, "request_id": "gone-1",
                        "action": {"message": '<tool_call>{"name": "guess", "arguments": {"n": 5}}</tool_call>'}}).encode()
-    head = (f"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (f"POST /step HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     with socket.create_connection((demo_server.host, demo_server.port)) as s:  # half a request, then gone
         s.sendall(head + body[:10])
     with socket.create_connection((demo_server.host, demo_server.port)) as s:  # a whole request, no reading
         s.sendall(head + body)
-    time.sleep(0.3)
-    # the server still serves, and the step that was sent whole was applied exactly once
+    state = lambda: httpx.get(url + "/state", params={"session_id": sid}).json()  # noqa: E731
+    wait_until(lambda: state()["step_count"] == 1, "the step sent whole is applied")
+    # the server still serves, and a retry of that step is answered without applying it again
     r = httpx.post(url + "/step", content=body, headers={"content-type": "application/json"}).json()
     assert r["observation"]["messages"][0]["content"] == "higher"
-    assert httpx.get(url + "/state", params={"session_id": sid}).json()["step_count"] == 1
+    assert state()["step_count"] == 1
     httpx.delete(url + f"/agentgym/sessions/{sid}")
