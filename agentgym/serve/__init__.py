@@ -5,7 +5,9 @@
   :class:`~agentgym.serve.server.EnvServer` runs one in a background thread.
 * :class:`~agentgym.serve.client.RemoteEnv` (``agentgym/Remote-v0``): an env behind such a server,
   or behind any OpenEnv server, with the local env contract.
-* :class:`~agentgym.serve.pool.RemotePool`: spread sessions over several servers, skipping dead ones.
+* :class:`~agentgym.serve.pool.RemotePool` and :func:`~agentgym.serve.client.remote_env_factory`:
+  spread sessions over several servers, skipping dead ones.
+* :mod:`~agentgym.serve.runner`: uvicorn with bounded connections, in the foreground or a thread.
 * :class:`~agentgym.serve.latency.LatencyProxy`: a TCP proxy that adds round-trip time (benchmarks).
 
 The wire format is documented in :mod:`agentgym.serve.protocol` and in the README.
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EnvServer", "LatencyProxy", "RemoteEnv", "RemotePool", "ServeConfig", "create_app"]
+__all__ = ["EnvServer", "LatencyProxy", "RemoteEnv", "RemotePool", "ServeConfig", "create_app", "remote_env_factory"]
 
 _LAZY = {
     "EnvServer": "agentgym.serve.server",
-    "ServeConfig": "agentgym.serve.server",
+    "ServeConfig": "agentgym.serve.config",
     "create_app": "agentgym.serve.server",
     "RemoteEnv": "agentgym.serve.client",
+    "remote_env_factory": "agentgym.serve.client",
     "RemotePool": "agentgym.serve.pool",
     "LatencyProxy": "agentgym.serve.latency",
 }

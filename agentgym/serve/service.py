@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import agentgym
+from agentgym import registration
 from agentgym.errors import (
     AgentGymError,
     ConfigurationError,
@@ -82,21 +83,29 @@ def prompt_text(messages: list[Any]) -> str:
 
 
 def unknown_kwargs(env_id: str, kwargs: dict[str, Any]) -> list[str]:
-    """The names in ``kwargs`` that ``env_id``'s constructor does not take (empty if it takes ``**kw``)."""
+    """The names in ``kwargs`` that ``env_id``'s constructor does not take. A class whose ``__init__``
+    passes ``**kwargs`` on is followed up its MRO; a function with ``**kwargs`` takes everything."""
     if not kwargs:
         return []
-    entry_point = agentgym.spec(env_id).entry_point
+    entry_point = registration.spec(env_id).entry_point
     try:
         if isinstance(entry_point, str):
             from gymnasium.envs.registration import load_env_creator
 
             entry_point = load_env_creator(entry_point)
-        params = inspect.signature(entry_point).parameters  # type: ignore[arg-type]
+        inits = ([k.__dict__["__init__"] for k in entry_point.__mro__ if "__init__" in k.__dict__]
+                 if isinstance(entry_point, type) else [entry_point])
+        names: set[str] = set()
+        for init in inits:
+            params = inspect.signature(init).parameters
+            names.update(params)
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+                break
+        else:
+            return []
     except (TypeError, ValueError, ImportError, AttributeError):
         return []
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return []
-    return sorted(k for k in kwargs if k not in params and k not in _MAKE_KWARGS)
+    return sorted(k for k in kwargs if k not in names and k not in _MAKE_KWARGS)
 
 
 # ------------------------------------------------------------------------------------------------- sessions

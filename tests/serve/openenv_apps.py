@@ -6,6 +6,7 @@
   (into ``DIR``), a plain (non-MCP) action ``{"message": str}``;
 * ``/mcp_echo``: an ``MCPEnvironment`` with FastMCP tools ``echo_message`` and ``echo_with_length``,
   shaped like OpenEnv's ``echo_env``;
+* ``/echo_one``: the same echo env with room for one session at a time (``max_concurrent_envs=1``);
 * ``/coding``: a coding env shaped like OpenEnv's ``coding_env`` (``{"code": str}`` ->
   stdout/stderr/exit_code; the code runs in a ``python -I`` subprocess with a deadline).
 """
@@ -130,6 +131,7 @@ def build_app(echo_dir: str) -> Starlette:
 
     return Starlette(routes=[
         Mount("/echo", create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo_env", max_concurrent_envs=8)),
+        Mount("/echo_one", create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo_one", max_concurrent_envs=1)),
         Mount("/mcp_echo", create_app(MCPEchoEnvironment, Action, Observation, env_name="mcp_echo", max_concurrent_envs=8)),
         Mount("/coding", create_app(CodingEnvironment, CodeAction, CodeObservation, env_name="coding", max_concurrent_envs=8)),
     ])

@@ -24,6 +24,10 @@ def test_serve_refuses_public_address_without_token_and_keeps_serve_retriever() 
     assert r.returncode == 2 and "without a token" in r.stderr
     r = run("serve", "agentgym/Nope-v0")
     assert r.returncode == 2 and "No env registered" in r.stderr
+    # one --kw for every env that one of them does not take: a clear error, no traceback (issue 26)
+    r = run("serve", "agentgym/SQL-v0", "agentgym/ALFWorld-v0", "--kw", "action_mode=tool")
+    assert r.returncode == 2 and "SQL-v0 does not take the env kwarg action_mode" in r.stderr
+    assert "--kw SQL-v0:key=value" in r.stderr and "Traceback" not in r.stderr
     helps = run("--help").stdout
     assert "serve-retriever" in helps and " serve " in helps
 

@@ -61,7 +61,9 @@ def test_openenv_mcp_client_drives_agentgym_serve(served: EnvServer) -> None:
 
     url = f"http://openenv:tok@127.0.0.1:{served.port}"
     with MCPToolClient(base_url=url).sync() as c:  # over /ws, step-based
-        c.reset(seed=0, task_id="guess-31")
+        r = c.reset(seed=0, task_id="guess-31")
+        assert "guessing game" in r.observation.metadata["prompt"]  # the task is visible to MCP clients
+        assert r.observation.metadata["task_id"] == "guess-31"
         tools = c.list_tools()
         assert [t.name for t in tools] == ["guess", "give_up"] and tools[0].input_schema["required"] == ["n"]
         assert c.call_tool("guess", n=40) == "lower"
@@ -100,6 +102,44 @@ def test_remote_env_drives_openenv_mcp_tools(openenv_server: Any) -> None:
     obs, _, _, _, info = env.step("no tool call here")  # bad agent output: an observation
     assert info["parse_error"] and obs[0]["content"].startswith("Error:")
     env.close()
+
+
+def test_remote_env_counts_metrics_per_openenv_episode(openenv_server: Any) -> None:
+    env = RemoteEnv(openenv_server.url + "/mcp_echo")
+    call = '<tool_call>{"name": "echo_message", "arguments": {"message": "hi"}}</tool_call>'
+    env.reset(seed=0)
+    env.step(call)
+    *_, info = env.step(call)
+    assert info["metrics"]["tool_calls"] == 2
+    env.reset(seed=1)
+    *_, info = env.step(call)
+    assert info["metrics"]["tool_calls"] == 1  # not 3: a new episode starts its counts afresh
+    env.close()
+
+
+def test_remote_env_waits_for_an_openenv_server_at_capacity(openenv_server: Any) -> None:
+    """4 episodes against an OpenEnv server with one session: each waits its turn (3 of 4 failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentgym.errors import EnvServerAtCapacity
+
+    def episode(i: int) -> float:
+        env = RemoteEnv(openenv_server.url + "/echo_one", capacity_wait_s=120)
+        try:
+            env.reset(seed=i)
+            return env.step(f"hello {i}")[1]
+        finally:
+            env.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        rewards = list(pool.map(episode, range(4)))
+    assert all(r > 0 for r in rewards)
+    blocker = RemoteEnv(openenv_server.url + "/echo_one")
+    try:  # while the one slot is held, the wait is bounded and the error says why
+        with pytest.raises(EnvServerAtCapacity, match="at capacity"):
+            RemoteEnv(openenv_server.url + "/echo_one", capacity_wait_s=0.5)
+    finally:
+        blocker.close()
 
 
 async def test_eval_against_openenv_coding_env(openenv_server: Any, tmp_path: Path) -> None:

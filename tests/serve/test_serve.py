@@ -291,3 +291,53 @@ def test_client_that_vanishes_mid_request(demo_server: EnvServer, client: httpx.
     assert r["observation"]["messages"][0]["content"] == "higher"
     assert state()["step_count"] == 1
     httpx.delete(url + f"/agentgym/sessions/{sid}")
+
+
+def test_per_env_kwargs_and_a_clear_error_for_a_kwarg_an_env_does_not_take() -> None:
+    from agentgym.cli.serve import parse_env_kwargs
+    from agentgym.serve.service import Service
+
+    assert parse_env_kwargs(["action_mode=tool", "ALFWorld-v0:max_steps=3", "agentgym/SQL-v0:url=http://h:1/x",
+                             f"seed={'9' * 5000}"]) == {
+        "*": {"action_mode": "tool", "seed": "9" * 5000}, "ALFWorld-v0": {"max_steps": 3},
+        "agentgym/SQL-v0": {"url": "http://h:1/x"}}
+    with pytest.raises(ConfigurationError, match=r"SQL-v0 does not take the env kwarg action_mode.*--kw SQL-v0:key="):
+        Service(ServeConfig(["agentgym/SQL-v0", "agentgym/ALFWorld-v0"], env_kwargs={"*": {"action_mode": "tool"}}))
+    with pytest.raises(ConfigurationError, match="not served here"):
+        Service(ServeConfig([DEMO], env_kwargs={"SQL-v0": {"x": 1}}))
+    with EnvServer(["agentgym/SQL-v0", "agentgym/ALFWorld-v0"],
+                   env_kwargs={"ALFWorld-v0": {"action_mode": "tool"}}) as srv:
+        spec = httpx.get(srv.url + "/envs/ALFWorld-v0/agentgym/spec").json()["env"]
+        assert [t["function"]["name"] for t in spec["tools"]] == ["take_action"] and spec["parser"] == "hermes"
+        assert httpx.get(srv.url + "/agentgym/spec").json()["env"]["env_id"] == "agentgym/SQL-v0"
+
+
+def test_stateless_step_is_a_one_step_episode(demo_server: EnvServer, client: httpx.Client) -> None:
+    """OpenEnv's POST /step without a session: a fresh env, reset with the body's task, stepped, closed."""
+    n = len(demo_server.service.sessions)
+    r = client.post(demo_server.url + "/step", json={"task_id": "guess-31", "action": {
+        "type": "call_tool", "tool_name": "guess", "arguments": {"n": 31}}})
+    assert r.status_code == 200 and r.json()["done"] and r.json()["reward"] == 1.0
+    assert r.json()["observation"]["info"]["task_id"] == "guess-31"
+    r = client.post(demo_server.url + "/step", json={"seed": 0, "action": {"message": "no tool call"}})
+    assert r.status_code == 200 and not r.json()["done"] and r.json()["observation"]["info"]["parse_error"]
+    assert len(demo_server.service.sessions) == n  # nothing left open
+    o = client.post(demo_server.url + "/reset", json={"task_id": "guess-31"}).json()["observation"]
+    assert o["metadata"] == {"prompt": "\n\n".join(m["content"] for m in o["messages"]), "task_id": "guess-31"}
+
+
+def test_remote_env_waits_for_a_server_at_capacity() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with EnvServer(DEMO, max_sessions=1) as srv:
+        first = RemoteEnv(srv.url)
+        pool = ThreadPoolExecutor(2)
+        waiting = pool.submit(RemoteEnv, srv.url, capacity_wait_s=120)
+        with pytest.raises(EnvServerAtCapacity, match=r"waited 0\.5 s"):
+            pool.submit(RemoteEnv, srv.url, capacity_wait_s=0.5, transport="ws").result(timeout=60)
+        assert not waiting.done()
+        first.close()  # a slot frees: the waiting env gets it
+        second = waiting.result(timeout=120)
+        second.reset(seed=0)
+        second.close()
+        pool.shutdown()
