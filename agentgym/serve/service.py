@@ -87,7 +87,7 @@ def unknown_kwargs(env_id: str, kwargs: dict[str, Any]) -> list[str]:
     passes ``**kwargs`` on is followed up its MRO; a function with ``**kwargs`` takes everything."""
     if not kwargs:
         return []
-    entry_point = registration.spec(env_id).entry_point
+    entry_point: Any = registration.spec(env_id).entry_point
     try:
         if isinstance(entry_point, str):
             from gymnasium.envs.registration import load_env_creator
