@@ -278,7 +278,10 @@ class RemoteEnv(AgentEnv):
             self._streams = []
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
                                       headers=self._headers(), trust_env=not is_loopback(host), verify=_ssl_context(),
-                                      limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
+                                      # reuse an idle connection only well within the server's idle timeout
+                                      # (uvicorn's and ours: 5 s), or a request races the server's close
+                                      limits=httpx.Limits(max_connections=4, max_keepalive_connections=2,
+                                                          keepalive_expiry=2.0))
         return self._http
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:

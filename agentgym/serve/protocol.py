@@ -59,7 +59,6 @@ __all__ = [
     "error_from_body",
     "is_loopback",
     "loads",
-    "redact_url",
     "task_from_wire",
     "task_to_wire",
 ]
@@ -143,17 +142,6 @@ def loads(raw: bytes | str) -> Any:
         raise MalformedJSON("JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
         raise MalformedJSON(str(e)[:300]) from None
-
-
-def redact_url(url: str) -> str:
-    """``url`` without the credentials of ``user:password@host`` (for messages and logs)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, path = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rpartition("@")[2]
-    return f"{scheme}://{netloc}{slash}{path}"
 
 
 def is_loopback(host: str) -> bool:
