@@ -55,11 +55,12 @@ async def test_openai_agents_sdk_mcp_client(server: EnvServer) -> None:
 
 
 async def test_mcp_sdk_client(server: EnvServer) -> None:
+    pytest.importorskip("mcp", reason="needs the mcp SDK (a dependency of openai-agents, the dev extra)")
+    import httpx2
     from mcp import Client
-
-    http = __import__("httpx2").AsyncClient(headers={"Authorization": "Bearer tok"})
     from mcp.client.streamable_http import streamable_http_client
 
+    http = httpx2.AsyncClient(headers={"Authorization": "Bearer tok"})
     async with http, Client(streamable_http_client(server.url + "/envs/Demo-v0/mcp?split=test&index=0",
                                                    http_client=http)) as c:
         assert c.session.protocol_version == "2025-11-25"  # server/discover refused: the handshake era
