@@ -226,6 +226,13 @@ class ALFWorldEnv(AgentEnv):
     # ------------------------------------------------------------------------------- reset
     def system_prompt(self) -> str:
         put = "put {obj} in/on {recep}" if self.grammar == "classic" else "move {obj} to {recep}"
+        if self.compact:
+            how = "Call take_action with one command per turn" if self.action_mode == "tool" else "One command per turn"
+            return (
+                f"Household task. {how}: go to R, open R, close R, take O from R, "
+                f"{'put O in/on R' if self.grammar == 'classic' else 'move O to R'}, "
+                "use O, clean/heat/cool O with R, examine O, inventory, look. Names exactly as shown."
+            )
         how = (
             "Call the take_action tool with exactly one command per turn."
             if self.action_mode == "tool"

@@ -38,7 +38,7 @@ objects, else the first of its type in the listing. Commands follow the env's gr
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -151,6 +151,7 @@ class ObservationExpert:
         self.states: dict[str, set[str]] = {"clean": set(), "heat": set(), "cool": set()}
         self.lamps_on: set[str] = set()
         self._orders: dict[str, list[str]] = {}
+        self._targets: list[str] | None = None
 
     @classmethod
     def from_transcript(cls, texts: Iterable[str], grammar: str = "classic", goal: Goal | None = None) -> ObservationExpert:
@@ -177,30 +178,37 @@ class ObservationExpert:
             goal = parse_goal(s.partition(": ")[2])
             if goal is not None:
                 self.goal = goal
+                self._targets = None
             return
         for prefix in ("You are in the middle of a room. Looking quickly around you, you see ", "You see: "):
             if s.startswith(prefix):
                 names = _items(s[len(prefix):]) if prefix.startswith("You are") else _plain(s[len(prefix):])
                 if not self.receptacles and names:
                     self.receptacles = names
+                    self._targets = None
                     self._index = {n: i for i, n in enumerate(names)}
                 if not names:
                     self.at = None
                 return
-        m = _RE_OPEN.match(s)
-        if m:
-            self._saw(m["r"], False, _items(m["l"]))
+        sp = s.find(" ")
+        key = s[:sp]
+        if key == "You":
+            key = s[: s.find(" ", sp + 1)]
+        for rx, kind in _DISPATCH.get(key, _DISPATCH["*"]):
+            m = rx.match(s)
+            if m is None:
+                continue
+            g = m.groupdict()
+            if kind == "shown":
+                self._saw(g["r"], False, _items(g["l"]))
+            elif kind == "closed":
+                self._saw(g["r"], True, None)
+            elif kind == "compact":
+                lst = g["l"]
+                self._saw(g["r"], lst == "closed.", None if lst == "closed." else _plain(lst))
+            else:
+                self._event(kind, g)
             return
-        for rx, closed, parse in _SHOWN:
-            m = rx.match(s)
-            if m:
-                self._saw(m["r"], closed, parse(m["l"]) if m.groupdict().get("l") is not None else None)
-                return
-        for rx, kind in _EVENTS:
-            m = rx.match(s)
-            if m:
-                self._event(kind, m.groupdict())
-                return
 
     def _saw(self, r: str, closed: bool, items: list[str] | None) -> None:
         if r not in self._index:
@@ -281,12 +289,16 @@ class ObservationExpert:
         g = self.goal
         assert g is not None
         verb = V.APPLIANCE.get(g.task_type, (None, None))[1]
-        return [o for o in self.contents.get(r, ()) if _type(o) == g.object and (verb is None or o in self.states[verb])]
+        word = g.object.lower() + " "
+        return [o for o in self.contents.get(r, ()) if o.startswith(word) and (verb is None or o in self.states[verb])]
 
     def _target(self) -> str:
         g = self.goal
         assert g is not None and g.receptacle is not None
-        targets = [r for r in self.receptacles if _type(r) == g.receptacle]
+        targets = self._targets
+        if targets is None:
+            word = g.receptacle.lower() + " "
+            targets = self._targets = [r for r in self.receptacles if r.startswith(word)]
         if not targets:
             return self.receptacles[0]
         return max(targets, key=lambda r: len(self._finished(r)))  # ties: the first in the listing
@@ -294,13 +306,18 @@ class ObservationExpert:
     def _where(self, otype: str, exclude: set[str] | None) -> tuple[str, str] | None:
         """A seen object of ``otype`` and its receptacle: one here first, else by listing order."""
         found = None
-        for r in self.receptacles:
-            for o in self.contents.get(r, ()):
-                if _type(o) == otype and (exclude is None or o not in exclude):
+        best = len(self.receptacles)
+        word = otype.lower() + " "
+        index = self._index
+        for r, items in self.contents.items():
+            for o in items:
+                if o.startswith(word) and (exclude is None or o not in exclude):
                     if r == self.at:
                         return o, r
-                    if found is None:
-                        found = (o, r)
+                    i = index.get(r, best)
+                    if i < best:
+                        best, found = i, (o, r)
+                    break
         return found
 
     def _get(self, otype: str, exclude: set[str] | None) -> str:
@@ -365,35 +382,37 @@ def _plain(listing: str) -> list[str]:
     return [p.strip() for p in s.split(",") if re.fullmatch(_NAME, p.strip())]
 
 
-_RE_OPEN = re.compile(rf"You open the (?P<r>{_NAME})\. The (?:{_NAME}) is open\. In it, you see (?P<l>.*)$")
-_SHOWN: list[tuple[re.Pattern[str], bool, Callable[[str], list[str]]]] = [
-    (re.compile(rf"The (?P<r>{_NAME}) is closed\.$"), True, _items),
-    (re.compile(rf"The (?P<r>{_NAME}) is open\. In it, you see (?P<l>.*)$"), False, _items),
-    (re.compile(rf"On the (?P<r>{_NAME}), you see (?P<l>.*)$"), False, _items),
-    (re.compile(rf"(?P<r>{_NAME}): closed\.$"), True, _plain),
-    (re.compile(rf"(?P<r>{_NAME}): (?P<l>.*)$"), False, _plain),
-]
-_EVENTS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(rf"You pick up the (?P<o>{_NAME}) from the (?P<r>{_NAME})\.$"), "take"),
-    (re.compile(rf"You put the (?P<o>{_NAME}) in/on the (?P<r>{_NAME})\.$"), "put"),
-    (re.compile(rf"You move the (?P<o>{_NAME}) to the (?P<r>{_NAME})\.$"), "put"),
-    (re.compile(rf"You clean the (?P<o>{_NAME}) using the (?P<r>{_NAME})\.$"), "clean"),
-    (re.compile(rf"You heat the (?P<o>{_NAME}) using the (?P<r>{_NAME})\.$"), "heat"),
-    (re.compile(rf"You cool the (?P<o>{_NAME}) using the (?P<r>{_NAME})\.$"), "cool"),
-    (re.compile(rf"You close the (?P<r>{_NAME})\.$"), "close"),
-    (re.compile(rf"You turn on the (?P<o>{_NAME})\.$"), "on"),
-    (re.compile(rf"You are carrying: a (?P<o>{_NAME})\.$"), "carry"),
-    (re.compile(r"You are not carrying anything\.$"), "carry"),
-    (re.compile(rf"You are facing the (?P<r>{_NAME})\."), "facing"),
+_N = _NAME
+# (the line's first word, or "You" and the second; a pattern; what it tells) for every line the env writes
+_PATTERNS: list[tuple[str, str, str]] = [
+    ("You open", rf"You open the (?P<r>{_N})\. The (?:{_N}) is open\. In it, you see (?P<l>.*)$", "shown"),
+    ("The", rf"The (?P<r>{_N}) is closed\.$", "closed"),
+    ("The", rf"The (?P<r>{_N}) is open\. In it, you see (?P<l>.*)$", "shown"),
+    ("On", rf"On the (?P<r>{_N}), you see (?P<l>.*)$", "shown"),
+    ("You pick", rf"You pick up the (?P<o>{_N}) from the (?P<r>{_N})\.$", "take"),
+    ("You put", rf"You put the (?P<o>{_N}) in/on the (?P<r>{_N})\.$", "put"),
+    ("You move", rf"You move the (?P<o>{_N}) to the (?P<r>{_N})\.$", "put"),
+    ("You clean", rf"You clean the (?P<o>{_N}) using the (?P<r>{_N})\.$", "clean"),
+    ("You heat", rf"You heat the (?P<o>{_N}) using the (?P<r>{_N})\.$", "heat"),
+    ("You cool", rf"You cool the (?P<o>{_N}) using the (?P<r>{_N})\.$", "cool"),
+    ("You close", rf"You close the (?P<r>{_N})\.$", "close"),
+    ("You turn", rf"You turn on the (?P<o>{_N})\.$", "on"),
+    ("You are", rf"You are carrying: a (?P<o>{_N})\.$", "carry"),
+    ("You are", r"You are not carrying anything\.$", "carry"),
+    ("You are", rf"You are facing the (?P<r>{_N})\.", "facing"),
     # the compact style
-    (re.compile(rf"Took (?P<o>{_NAME})\.$"), "take"),
-    (re.compile(rf"Put (?P<o>{_NAME})\.$"), "put"),
-    (re.compile(rf"Cleaned (?P<o>{_NAME})\.$"), "clean"),
-    (re.compile(rf"Heated (?P<o>{_NAME})\.$"), "heat"),
-    (re.compile(rf"Cooled (?P<o>{_NAME})\.$"), "cool"),
-    (re.compile(rf"Closed (?P<r>{_NAME})\.$"), "close"),
-    (re.compile(rf"Turned on (?P<o>{_NAME})\.$"), "on"),
-    (re.compile(rf"Carrying: (?P<o>{_NAME})\.$"), "carry"),
-    (re.compile(r"Carrying nothing\.$"), "carry"),
-    (re.compile(rf"At (?P<r>{_NAME})\.$"), "facing"),
+    ("*", rf"(?P<r>{_N}): (?P<l>.*)$", "compact"),
+    ("Took", rf"Took (?P<o>{_N})\.$", "take"),
+    ("Put", rf"Put (?P<o>{_N})\.$", "put"),
+    ("Cleaned", rf"Cleaned (?P<o>{_N})\.$", "clean"),
+    ("Heated", rf"Heated (?P<o>{_N})\.$", "heat"),
+    ("Cooled", rf"Cooled (?P<o>{_N})\.$", "cool"),
+    ("Closed", rf"Closed (?P<r>{_N})\.$", "close"),
+    ("Turned", rf"Turned on (?P<o>{_N})\.$", "on"),
+    ("Carrying", rf"Carrying: (?P<o>{_N})\.$", "carry"),
+    ("Carrying", r"Carrying nothing\.$", "carry"),
+    ("At", rf"At (?P<r>{_N})\.$", "facing"),
 ]
+_DISPATCH: dict[str, list[tuple[re.Pattern[str], str]]] = {}
+for _key, _rx, _kind in _PATTERNS:
+    _DISPATCH.setdefault(_key, []).append((re.compile(_rx), _kind))
