@@ -151,6 +151,8 @@ class ObservationExpert:
         self.states: dict[str, set[str]] = {"clean": set(), "heat": set(), "cool": set()}
         self.lamps_on: set[str] = set()
         self._orders: dict[str, list[str]] = {}
+        self._search_pos: dict[str, int] = {}  # how far each search order is known to be looked into
+        self._word_at: dict[str, set[str]] = {}  # object word ("mug ") -> receptacles last showing one
         self._targets: list[str] | None = None
 
     @classmethod
@@ -216,7 +218,11 @@ class ObservationExpert:
         self.at = r
         self.closed[r] = closed
         if items is not None:
+            for o in self.contents.get(r, ()):
+                self._word_at.get(_word(o), set()).discard(r)
             self.contents[r] = items
+            for o in items:
+                self._word_at.setdefault(_word(o), set()).add(r)
 
     def _event(self, kind: str, g: dict[str, str]) -> None:
         o, r = g.get("o"), g.get("r") or self.at
@@ -224,11 +230,16 @@ class ObservationExpert:
             self.held, self.held_from = o, r
             if r is not None:
                 self.at = r
-                if o in self.contents.get(r, ()):
-                    self.contents[r].remove(o)
+                items = self.contents.get(r)
+                if items is not None and o in items:
+                    items.remove(o)
+                    w = _word(o)
+                    if not any(x.startswith(w) for x in items):
+                        self._word_at[w].discard(r)
         elif kind == "put" and o is not None and r is not None:
             self.at = r
             self.contents.setdefault(r, []).append(o)
+            self._word_at.setdefault(_word(o), set()).add(r)
             self.closed[r] = False
             if self.held == o:
                 self.held = self.held_from = None
@@ -282,15 +293,16 @@ class ObservationExpert:
                     return "go to " + app
                 return f"{verb} {held} with {app}"
             return self._put(held, target)
-        done = set(self._finished(target))
-        return self._get(g.object, done)
+        return self._get(g.object, set(self._finished(target)) or None)
 
     def _finished(self, r: str) -> list[str]:
         g = self.goal
         assert g is not None
-        verb = V.APPLIANCE.get(g.task_type, (None, None))[1]
         word = g.object.lower() + " "
-        return [o for o in self.contents.get(r, ()) if o.startswith(word) and (verb is None or o in self.states[verb])]
+        if r not in self._word_at.get(word, ()):
+            return []
+        verb = V.APPLIANCE.get(g.task_type, (None, None))[1]
+        return [o for o in self.contents[r] if o.startswith(word) and (verb is None or o in self.states[verb])]
 
     def _target(self) -> str:
         g = self.goal
@@ -299,8 +311,8 @@ class ObservationExpert:
         if targets is None:
             word = g.receptacle.lower() + " "
             targets = self._targets = [r for r in self.receptacles if r.startswith(word)]
-        if not targets:
-            return self.receptacles[0]
+        if len(targets) < 2:
+            return targets[0] if targets else self.receptacles[0]
         return max(targets, key=lambda r: len(self._finished(r)))  # ties: the first in the listing
 
     def _where(self, otype: str, exclude: set[str] | None) -> tuple[str, str] | None:
@@ -309,8 +321,8 @@ class ObservationExpert:
         best = len(self.receptacles)
         word = otype.lower() + " "
         index = self._index
-        for r, items in self.contents.items():
-            for o in items:
+        for r in self._word_at.get(word, ()):
+            for o in self.contents[r]:
                 if o.startswith(word) and (exclude is None or o not in exclude):
                     if r == self.at:
                         return o, r
@@ -336,13 +348,16 @@ class ObservationExpert:
         order = self._orders.get(key)
         if order is None:
             order = self._orders[key] = search_order(self.receptacles, otype, target)
-        for r in order:
-            if r in self.contents:
-                continue
-            if self.at != r:
-                return "go to " + r
-            return "open " + r  # here and its contents not shown: it showed closed
-        return "look"
+        i = self._search_pos.get(key, 0)
+        while i < len(order) and order[i] in self.contents:  # what was looked into stays looked into
+            i += 1
+        self._search_pos[key] = i
+        if i == len(order):
+            return "look"
+        r = order[i]
+        if self.at != r:
+            return "go to " + r
+        return "open " + r  # here and its contents not shown: it showed closed
 
     def _put(self, o: str, r: str) -> str:
         if self.at != r:
@@ -367,6 +382,11 @@ class ObservationExpert:
         if home is None:  # nothing takes it back (a teddy bear, a scrub brush): ALFWorld has no way out
             return "look"
         return self._put(o, home)
+
+
+def _word(name: str) -> str:
+    """``"mug 2"`` -> ``"mug "``."""
+    return name[: name.rfind(" ") + 1]
 
 
 def _items(listing: str) -> list[str]:
