@@ -5,7 +5,7 @@ Figures (all with admissible commands computed every step, as ``info["admissible
 * ``native``: ``agentgym/ALFWorld-v0`` steps/s under a random policy that picks among the admissible
   commands (through ``AgentEnv.step``: parser, dispatch, info), steps/s of the bare engine
   (``env._execute`` + ``admissible_actions()``, i.e. without the AgentEnv wrapper), steps/s through
-  ``gymnasium.make`` (TimeLimit/OrderEnforcing wrappers), the expert solving tasks end to end,
+  ``gymnasium.make`` (TimeLimit/OrderEnforcing wrappers), the planner expert solving tasks end to end,
   resets/s over generated train tasks, and tool mode (hermes ``take_action`` calls).
 * ``peer``: ``alfworld`` 0.4 (TextWorld + Fast Downward) on the *same* scenes: each native scene is
   exported as a ``.tw-pddl`` game (``write_tw_game``; ALFWorld's own game data is a separate
@@ -49,7 +49,7 @@ def native_figures(steps: int, resets: int) -> dict[str, Any]:
 
     import agentgym  # noqa: F401  (registers the ids)
 
-    env = ALFWorldEnv()
+    env = ALFWorldEnv(expert="planner")  # the figures in alfworld.json; the observer: bench_alfworld_experts.py
     env.tasks("train")
 
     def random_walk(e: Any, n: int, seed: int = 0) -> float:

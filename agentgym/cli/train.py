@@ -6,12 +6,15 @@ resumable checkpoint (rerun the same command to continue). ``--check`` only vali
 
 ``agentgym collect --env E --policy expert --out FILE`` writes transcripts for imitation through the
 rollout engine; ``--relabel`` labels every state with the env's expert and ``--random-prob P``
-makes the expert take a random admissible action with probability P (collection with recoveries).
+makes the expert take a random admissible action with probability P (collection with recoveries);
+``--env-kwarg key=value`` passes env constructor kwargs (e.g. ALFWorld's ``obs_style=compact`` or
+``expert=planner``), as ``agentgym eval --env-kwarg`` and ``[rollout] env_kwargs`` do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -88,17 +91,24 @@ def collect_cmd(
     temperature: Annotated[float, typer.Option(help="Sampling temperature (model policies).")] = 1.0,
     concurrency: Annotated[int, typer.Option(help="Episodes in flight.")] = 8,
     imports: Annotated[list[str] | None, typer.Option("--import", help="Import a module first (registers custom envs).")] = None,
+    env_kwarg: Annotated[list[str] | None, typer.Option("--env-kwarg", help="key=value for the env constructor "
+                                                        "(repeatable), as in agentgym eval.")] = None,
 ) -> None:
     """Write transcripts for imitation (SFT) through the rollout engine."""
     import importlib
 
+    from agentgym.cli import _parse_kwargs
     from agentgym.errors import AgentGymError
 
     for mod in imports or []:
         importlib.import_module(mod)
     try:
+        env_kwargs = _parse_kwargs(env_kwarg)
+    except typer.BadParameter as e:
+        _fail(str(e))
+    try:
         summary = asyncio.run(_collect(env, out, policy, split, tasks, samples, seed, relabel, random_prob,
-                                       max_turns, max_tokens, temperature, concurrency))
+                                       max_turns, max_tokens, temperature, concurrency, env_kwargs))
     except AgentGymError as e:
         _fail(str(e))
     typer.echo(json.dumps(summary, indent=2))
@@ -106,7 +116,7 @@ def collect_cmd(
 
 async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: int | None, samples: int, seed: int,
                    relabel: bool, random_prob: float, max_turns: int | None, max_tokens: int, temperature: float,
-                   concurrency: int) -> dict[str, Any]:
+                   concurrency: int, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     from agentgym.cli.eval import resolve_policy
     from agentgym.errors import ConfigurationError
     from agentgym.eval.runner import select_tasks
@@ -123,7 +133,8 @@ async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: 
     if path.exists():
         path.unlink()
     policy = resolve_policy(policy_spec)
-    runtime = RolloutRuntime(max_concurrency=concurrency)
+    factory = functools.partial(_make_env, dict(env_kwargs)) if env_kwargs else None
+    runtime = RolloutRuntime(max_concurrency=concurrency, env_factory=factory)
     try:
         async with runtime.env(env_id) as env:
             try:
@@ -156,7 +167,13 @@ async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: 
         runtime.close(wait=False)
         await policy.aclose()
     return {"out": str(path), "env": env_id, "split": split, "episodes": n, "success_rate": succ / n if n else None,
-            "random_steps": relabelled, "relabel": relabel, "policy": policy_spec}
+            "random_steps": relabelled, "relabel": relabel, "policy": policy_spec, "env_kwargs": dict(env_kwargs or {})}
+
+
+def _make_env(env_kwargs: dict[str, Any], env_id: str) -> Any:
+    from agentgym.registration import make
+
+    return make(env_id, **env_kwargs)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,7 @@
 """ALFWorld household tasks: a native engine (``ALFWorld-v0``) and the real package (``ALFWorld-TW-v0``).
 
+``ObservationExpert`` is ALFWorld-v0's default expert, a function of the transcript's text alone.
+
 Nothing heavy is imported here; the classes load on first access.
 """
 
@@ -9,14 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentgym.envs.alfworld.env import ALFWorldEnv
+    from agentgym.envs.alfworld.observer import ObservationExpert
     from agentgym.envs.alfworld.scene import SceneSpec, load_scene, save_scene
     from agentgym.envs.alfworld.tw import ALFWorldTWEnv
 
-__all__ = ["ALFWorldEnv", "ALFWorldTWEnv", "SceneSpec", "load_scene", "save_scene"]
+__all__ = ["ALFWorldEnv", "ALFWorldTWEnv", "ObservationExpert", "SceneSpec", "load_scene", "save_scene"]
 
 _WHERE = {
     "ALFWorldEnv": "env",
     "ALFWorldTWEnv": "tw",
+    "ObservationExpert": "observer",
     "SceneSpec": "scene",
     "load_scene": "scene",
     "save_scene": "scene",

@@ -11,8 +11,10 @@ everything as its TextWorld grammar (``alfred.twl2``) does::
     > open fridge 1
     You open the fridge 1. The fridge 1 is open. In it, you see a egg 1, and a lettuce 2.
 
-Two observation styles: ``"react"`` (default) is the text ReAct/AgentBench agents see (no
-TextWorld banner, no ``You arrive at loc N.`` prefix); ``"raw"`` is TextWorld's own output. Two
+Three observation styles: ``"react"`` (default) is the text ReAct/AgentBench agents see (no
+TextWorld banner, no ``You arrive at loc N.`` prefix); ``"raw"`` is TextWorld's own output;
+``"compact"`` says the same facts in fewer tokens (``fridge 1: closed.``, ``fridge 1: egg 2, cup 3.``,
+``Took egg 2.``), for training where tokens are the budget. Two
 grammars: ``"classic"`` (``put X in/on Y``, as in the ALFWorld paper, ReAct and AgentBench) and
 ``"v0.4"`` (alfworld 0.4's ``move X to Y``, ``You arrive at cabinet 1.`` and ``help``). With
 ``grammar="v0.4", obs_style="raw"`` the text and admissible commands are the same as alfworld
@@ -20,6 +22,11 @@ grammars: ``"classic"`` (``put X in/on Y``, as in the ALFWorld paper, ReAct and 
 
 Action modes: ``"text"`` (default; plain-text commands through the ``react`` parser) or ``"tool"``
 (one ``take_action(action)`` tool, as in AgentBench's function-calling prompts).
+
+Two experts (``expert=`` kwarg; :meth:`ALFWorldEnv.expert_action` plays the chosen one, so
+``--policy expert`` and ``--relabel`` use it): ``"observer"`` (default), whose next command is a
+function of the observations shown so far (:mod:`agentgym.envs.alfworld.observer`), and
+``"planner"``, which sees the whole scene and walks straight to the object.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any, ClassVar
 
 from agentgym.envs.alfworld import scene as S
 from agentgym.envs.alfworld import vocab as V
+from agentgym.envs.alfworld.observer import Goal, ObservationExpert
 
 from agentgym.core import AgentEnv, StepResult
 from agentgym.errors import ConfigurationError
@@ -90,13 +98,21 @@ class ALFWorldEnv(AgentEnv):
 
     Args:
         action_mode: ``"text"`` (plain commands, react parser) or ``"tool"`` (``take_action`` tool).
-        obs_style: ``"react"`` (ReAct/AgentBench text) or ``"raw"`` (TextWorld's own output).
+        obs_style: ``"react"`` (ReAct/AgentBench text), ``"raw"`` (TextWorld's own output) or
+            ``"compact"`` (the same facts in fewer tokens: ``cabinet 1: mug 1, cup 2.``,
+            ``Took mug 1.``; see ``docs/alfworld.md``). Use one style for collection, training
+            and evaluation alike: it is an env kwarg, so it travels in ``[rollout] env_kwargs``
+            and ``--env-kwarg obs_style=compact``.
         grammar: ``"classic"`` (``put X in/on Y``) or ``"v0.4"`` (``move X to Y``).
         split_sizes: Override the number of tasks per split (default: ALFWorld's 3553/140/134).
         system_prompt: Put a system message describing the commands before the first observation.
         lenient: Accept commands in any case, with extra spaces or a final period, and
             ``toggle {lamp} [{recep}]`` for ``use {lamp}``. ALFWorld itself (the default, ``False``)
             answers those with "Nothing happens.".
+        expert: Which expert :meth:`expert_action` plays: ``"observer"`` (default; the
+            observation-only expert, :mod:`~agentgym.envs.alfworld.observer`: its next command
+            depends only on the transcript, so a student can imitate it) or ``"planner"`` (sees
+            the whole state and walks straight to the object; for checks and as a reference).
         parser, format_penalty, render_mode: See :class:`~agentgym.core.AgentEnv`. The parser
             defaults to ``react`` in text mode and ``hermes`` in tool mode.
     """
@@ -115,21 +131,26 @@ class ALFWorldEnv(AgentEnv):
         split_sizes: dict[str, int] | None = None,
         system_prompt: bool = True,
         lenient: bool = False,
+        expert: str = "observer",
         parser: Any = None,
         **kwargs: Any,
     ) -> None:
         if action_mode not in ("text", "tool"):
             raise ConfigurationError(f"action_mode must be 'text' or 'tool', got {action_mode!r}.")
-        if obs_style not in ("react", "raw"):
-            raise ConfigurationError(f"obs_style must be 'react' or 'raw', got {obs_style!r}.")
+        if obs_style not in ("react", "raw", "compact"):
+            raise ConfigurationError(f"obs_style must be 'react', 'raw' or 'compact', got {obs_style!r}.")
         if grammar not in ("classic", "v0.4"):
             raise ConfigurationError(f"grammar must be 'classic' or 'v0.4', got {grammar!r}.")
+        if expert not in ("observer", "planner"):
+            raise ConfigurationError(f"expert must be 'observer' or 'planner', got {expert!r}.")
         if parser is None:
             parser = "react" if action_mode == "text" else "hermes"
         super().__init__(parser=parser, **kwargs)
         self.action_mode = action_mode
         self.obs_style = obs_style
+        self.compact = obs_style == "compact"
         self.grammar = grammar
+        self.expert = expert
         self.split_sizes = dict(S.SPLIT_SIZES)
         for k, v in (split_sizes or {}).items():
             if k not in self.splits or int(v) < 1:
@@ -162,6 +183,9 @@ class ALFWorldEnv(AgentEnv):
         self._goto_all: list[str] = []
         self._spec: S.SceneSpec | None = None
         self._won = False
+        self._texts: list[str] = []  # every observation text shown this episode, for the observer
+        self._observer: ObservationExpert | None = None
+        self._observed = 0
 
     # ------------------------------------------------------------------------------- tasks
     def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
@@ -202,6 +226,13 @@ class ALFWorldEnv(AgentEnv):
     # ------------------------------------------------------------------------------- reset
     def system_prompt(self) -> str:
         put = "put {obj} in/on {recep}" if self.grammar == "classic" else "move {obj} to {recep}"
+        if self.compact:
+            how = "Call take_action with one command per turn" if self.action_mode == "tool" else "One command per turn"
+            return (
+                f"Household task. {how}: go to R, open R, close R, take O from R, "
+                f"{'put O in/on R' if self.grammar == 'classic' else 'move O to R'}, "
+                "use O, clean/heat/cool O with R, examine O, inventory, look. Names exactly as shown."
+            )
         how = (
             "Call the take_action tool with exactly one command per turn."
             if self.action_mode == "tool"
@@ -222,11 +253,14 @@ class ALFWorldEnv(AgentEnv):
         spec = S.load_scene(data["scene"]) if "scene" in data else S.generate_scene(data)
         self._build(spec)
         intro = self._intro()
-        task_line = f"Your task is to: {spec.goal.description}"
+        task_line = f"{'Task' if self.compact else 'Your task is to'}: {spec.goal.description}"
         if self.obs_style == "raw":
             text = f"{_WELCOME}\n\n{intro}\n\n{task_line}"
         else:
             text = f"{intro}\n{task_line}"
+        self._texts = [text]
+        self._observer = None
+        self._observed = 0
         msgs: list[Message] = []
         if self.include_system:
             msgs.append({"role": "system", "content": self.system_prompt()})
@@ -266,6 +300,8 @@ class ALFWorldEnv(AgentEnv):
         self._goto_all = ["go to " + r.name for r in self._order]
 
     def _intro(self) -> str:
+        if self.compact:
+            return "You see: " + ", ".join(r.name for r in self._order) + "."
         return "You are in the middle of a room. Looking quickly around you, you see " + \
             _listing_names([r.name for r in self._order]) + "."
 
@@ -313,7 +349,8 @@ class ALFWorldEnv(AgentEnv):
         out = handler(rest) if handler is not None else None
         if out is None:
             self.count("invalid_actions")
-            return NOTHING
+            out = NOTHING
+        self._texts.append(out)
         return out
 
     def _done_check(self) -> None:
@@ -345,6 +382,10 @@ class ALFWorldEnv(AgentEnv):
 
     # commands: each returns the observation, or None for "Nothing happens."
     def _describe(self, r: _Recep) -> str:
+        if self.compact:
+            if r.openable and not r.opened:
+                return f"{r.name}: closed."
+            return f"{r.name}: {', '.join(o.name for o in r.contents) or 'nothing'}."
         if r.openable:
             if not r.opened:
                 return f"The {r.name} is closed."
@@ -368,6 +409,8 @@ class ALFWorldEnv(AgentEnv):
         if self._gtype == "look_at_obj_in_light":
             self._done_check()
         desc = self._describe(r)
+        if self.compact:
+            return desc
         if self.grammar == "v0.4":  # "You arrive at cabinet 1." survives the harnesses' clean-up
             return f"You arrive at {r.name}. {desc}"
         if self.obs_style == "raw":
@@ -380,6 +423,8 @@ class ALFWorldEnv(AgentEnv):
             return None
         r.opened = True
         self._adm = None
+        if self.compact:
+            return self._describe(r)
         return f"You open the {r.name}. {self._describe(r)}"
 
     def _cmd_close(self, rest: str) -> str | None:
@@ -388,7 +433,7 @@ class ALFWorldEnv(AgentEnv):
             return None
         r.opened = False
         self._adm = None
-        return f"You close the {r.name}."
+        return f"Closed {r.name}." if self.compact else f"You close the {r.name}."
 
     def _cmd_take(self, rest: str) -> str | None:
         oname, sep, rname = rest.partition(" from ")
@@ -403,7 +448,7 @@ class ALFWorldEnv(AgentEnv):
         self._held = o
         self._adm = None
         self._done_check()
-        return f"You pick up the {o.name} from the {r.name}."
+        return f"Took {o.name}." if self.compact else f"You pick up the {o.name} from the {r.name}."
 
     def _place(self, oname: str, rname: str) -> tuple[_Obj, _Recep] | None:
         o = self._held
@@ -425,14 +470,18 @@ class ALFWorldEnv(AgentEnv):
         if not sep:
             return None
         res = self._place(oname, rname)
-        return None if res is None else f"You put the {res[0].name} in/on the {res[1].name}."
+        if res is None:
+            return None
+        return f"Put {res[0].name}." if self.compact else f"You put the {res[0].name} in/on the {res[1].name}."
 
     def _cmd_move(self, rest: str) -> str | None:
         oname, sep, rname = rest.partition(" to ")
         if not sep:
             return None
         res = self._place(oname, rname)
-        return None if res is None else f"You move the {res[0].name} to the {res[1].name}."
+        if res is None:
+            return None
+        return f"Put {res[0].name}." if self.compact else f"You move the {res[0].name} to the {res[1].name}."
 
     def _transform(self, rest: str, rtype: str) -> tuple[_Obj, _Recep] | None:
         oname, sep, rname = rest.partition(" with ")
@@ -449,31 +498,36 @@ class ALFWorldEnv(AgentEnv):
         if res is None or res[0].otype not in V.CLEANABLE:
             return None
         res[0].clean = True
-        return f"You clean the {res[0].name} using the {res[1].name}."
+        return self._treated_text("Cleaned", "clean", res)
 
     def _cmd_heat(self, rest: str) -> str | None:
         res = self._transform(rest, "Microwave")
         if res is None or res[0].otype not in V.HEATABLE:
             return None
         res[0].hot, res[0].cool = True, False
-        return f"You heat the {res[0].name} using the {res[1].name}."
+        return self._treated_text("Heated", "heat", res)
 
     def _cmd_cool(self, rest: str) -> str | None:
         res = self._transform(rest, "Fridge")
         if res is None or res[0].otype not in V.COOLABLE:
             return None
         res[0].cool, res[0].hot = True, False
-        return f"You cool the {res[0].name} using the {res[1].name}."
+        return self._treated_text("Cooled", "cool", res)
+
+    def _treated_text(self, done: str, verb: str, res: tuple[_Obj, _Recep]) -> str:
+        if self.compact:
+            return f"{done} {res[0].name}."
+        return f"You {verb} the {res[0].name} using the {res[1].name}."
 
     def _cmd_use(self, rest: str) -> str | None:
         o = self._objs.get(rest)
         if o is None or o.recep is None or o.recep is not self._at:
             return None
         if not o.toggleable:
-            return f"You don't see any switch on the {o.name}."
+            return f"No switch on {o.name}." if self.compact else f"You don't see any switch on the {o.name}."
         o.on = True
         self._done_check()
-        return f"You turn on the {o.name}."
+        return f"Turned on {o.name}." if self.compact else f"You turn on the {o.name}."
 
     def _cmd_toggle(self, rest: str) -> str | None:
         at = self._at
@@ -511,12 +565,14 @@ class ALFWorldEnv(AgentEnv):
         if rest:
             return None
         if self._held is None:
-            return "You are not carrying anything."
-        return f"You are carrying: a {self._held.name}."
+            return "Carrying nothing." if self.compact else "You are not carrying anything."
+        return f"Carrying: {self._held.name}." if self.compact else f"You are carrying: a {self._held.name}."
 
     def _cmd_look(self, rest: str) -> str | None:
         if rest:
             return None
+        if self.compact:
+            return "You see: nothing." if self._at is None else f"At {self._at.name}."
         if self._at is None:
             # ALFWorld's look rule lists the receptacles at the agent's location: none at the start
             return "You are in the middle of a room. Looking quickly around you, you see nothing."
@@ -589,7 +645,10 @@ class ALFWorldEnv(AgentEnv):
 
     # ------------------------------------------------------------------------------- expert
     def expert_action(self) -> Any:
-        """The privileged expert's next action (a command, wrapped for the tool mode's parser)."""
+        """The expert's next action (a command, wrapped for the tool mode's parser).
+
+        The ``expert`` kwarg picks which: the observation-only expert (default) or the planner.
+        """
         if self._state != "running":
             return None
         cmd = self.expert_command()
@@ -606,6 +665,30 @@ class ALFWorldEnv(AgentEnv):
         return {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", **call}]}
 
     def expert_command(self) -> str:
+        """The next command of the expert the ``expert`` kwarg names."""
+        if self.expert == "planner":
+            return self.planner_command()
+        return self.observer_command()
+
+    def observer_command(self) -> str:
+        """The next command of the observation-only expert: a function of this episode's observations.
+
+        It reads the observation texts the agent was shown (the opening one, then each command's
+        feedback) and nothing else; see :mod:`agentgym.envs.alfworld.observer`.
+        """
+        ob = self._observer
+        if ob is None:
+            g = self._spec.goal if self._spec is not None else None
+            # the goal the task sentence states, for a scene whose own wording the observer cannot parse
+            hint = Goal(g.task_type, g.object, g.receptacle, g.lamp) if g is not None else None
+            ob = self._observer = ObservationExpert(self.grammar, hint)
+        texts = self._texts
+        while self._observed < len(texts):
+            ob.observe(texts[self._observed])
+            self._observed += 1
+        return ob.command()
+
+    def planner_command(self) -> str:
         """The next command of a planner that sees the whole state; it solves every task."""
         held, cur = self._held, self._at
         g = self._gobj

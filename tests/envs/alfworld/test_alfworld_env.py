@@ -119,8 +119,10 @@ def test_tool_mode_steps_through_the_tool() -> None:
 
 
 # ------------------------------------------------------------------------------------- expert
-def test_expert_solves_every_generated_task() -> None:
-    env = ALFWorldEnv()
+@pytest.mark.parametrize("expert", ["observer", "planner"])
+def test_expert_solves_every_generated_task(expert: str) -> None:
+    # both experts, within the registered 50-step limit (the observer searches, so it needs more steps)
+    env = ALFWorldEnv(expert=expert)
     solved: collections.Counter[str] = collections.Counter()
     tasks = [t for split in env.splits for t in env.tasks(split)]
     assert len(tasks) == 3827
@@ -307,6 +309,55 @@ def test_raw_style_and_v04_grammar() -> None:
     env, _ = scene_env(LAMP_SCENE, grammar="v0.4")  # react style keeps alfworld 0.4's arrival sentence
     assert run(env, ["go to safe 1"]) == ["You arrive at safe 1. The safe 1 is closed."]
     assert run(env, ["help"])[0].startswith("Available commands:\n  look:")
+
+
+def test_compact_style_says_the_same_in_fewer_words() -> None:
+    cmds = ["go to fridge 1", "open fridge 1", "go to diningtable 1", "take lettuce 1 from diningtable 1",
+            "go to sinkbasin 1", "clean lettuce 1 with sinkbasin 1", "inventory", "look", "go to drawer 1",
+            "close drawer 1", "go to cabinet 1", "open cabinet 1", "close cabinet 1", "go to diningtable 1"]
+    env, intro = scene_env(LETTUCE_SCENE, obs_style="compact")
+    assert intro == (
+        "You see: cabinet 13, cabinet 12, cabinet 11, cabinet 10, cabinet 9, cabinet 8, cabinet 7, cabinet 6, "
+        "cabinet 5, cabinet 4, cabinet 3, cabinet 2, cabinet 1, coffeemachine 1, countertop 1, diningtable 1, drawer 1, "
+        "fridge 1, garbagecan 1, microwave 1, shelf 3, shelf 2, shelf 1, sinkbasin 1, stoveburner 4, stoveburner 3, "
+        "stoveburner 2, stoveburner 1, toaster 1.\nTask: put a clean lettuce in diningtable.")
+    out = run(env, cmds)
+    assert out == [
+        "fridge 1: closed.",
+        "fridge 1: cup 3, egg 2, potato 3, potato 2.",
+        "diningtable 1: apple 1, bread 1, butterknife 2, cup 2, fork 2, knife 2, knife 1, ladle 1, lettuce 1, mug 2, "
+        "mug 1, pan 2, peppershaker 1, spatula 3, tomato 2, tomato 1.",
+        "Took lettuce 1.",
+        "sinkbasin 1: apple 2, ladle 2, spoon 1, tomato 3.",
+        "Cleaned lettuce 1.",
+        "Carrying: lettuce 1.",
+        "At sinkbasin 1.",
+        "drawer 1: closed.",
+        NOTHING,
+        "cabinet 1: closed.",
+        "cabinet 1: nothing.",
+        "Closed cabinet 1.",
+        "diningtable 1: apple 1, bread 1, butterknife 2, cup 2, fork 2, knife 2, knife 1, ladle 1, mug 2, mug 1, "
+        "pan 2, peppershaker 1, spatula 3, tomato 2, tomato 1.",
+    ]
+    # the same commands in the default style: same admissible commands, longer text
+    env2, intro2 = scene_env(LETTUCE_SCENE)
+    assert len(intro) < len(intro2)
+    out2 = run(env2, cmds)
+    assert all(len(a) <= len(b) for a, b in zip(out, out2, strict=True))
+    assert sum(map(len, out)) < 0.75 * sum(map(len, out2))
+    assert env.admissible_actions() == env2.admissible_actions()
+    obs, reward, term, _, _ = env.step("put lettuce 1 in/on diningtable 1")
+    assert obs[0]["content"] == "Put lettuce 1." and reward == 1.0 and term
+    env, _ = scene_env(LAMP_SCENE, obs_style="compact", grammar="v0.4")
+    assert run(env, ["go to bed 1", "take pillow 1 from bed 1", "move pillow 1 to bed 1", "take pillow 1 from bed 1",
+                     "go to desk 1", "use pen 1"]) == [
+        "bed 1: laptop 1, pillow 1.", "Took pillow 1.", "Put pillow 1.", "Took pillow 1.", "desk 1: desklamp 1, pen 1.",
+        "No switch on pen 1."]
+    obs, reward, *_ = env.step("use desklamp 1")
+    assert obs[0]["content"] == "Turned on desklamp 1." and reward == 1.0
+    with pytest.raises(ConfigurationError, match="obs_style"):
+        ALFWorldEnv(obs_style="terse")
 
 
 # ------------------------------------------------------------------------------------- admissible
