@@ -70,7 +70,12 @@ class RunConfig(_Section):
     Attributes:
         algorithm: ``"grpo"`` (reinforce on rollouts; the advantage estimator picks GRPO, Dr.GRPO or
             RLOO) or ``"sft"`` (behaviour cloning on ``[data]`` transcripts).
-        steps: Optimizer steps (SFT: ``0`` means ``data.epochs`` passes over the data).
+        steps: Recipe steps, i.e. batches handed to each trainer, not optimizer steps. RL: one step rolls
+            out ``rollout.groups_per_step`` groups and takes ``loss.epochs x loss.mini_batches`` optimizer
+            steps on them (a step whose groups were all filtered takes none; with
+            ``multi.schedule = "alternating"`` each policy trains on every other step). SFT: one step is one
+            optimizer step on ``data.batch_size`` samples; ``0`` means ``data.epochs`` passes over the data.
+            The learning-rate schedule spans the optimizer steps this implies (see ``[optim]``).
         checkpoint_every: Steps between checkpoints (a crash loses at most this many).
         keep_checkpoints: Older checkpoints are deleted.
         resume: Continue from the newest checkpoint in ``out_dir`` if there is one.
@@ -211,7 +216,14 @@ class FilterConfig(_Section):
 class OptimConfig(_Section):
     """AdamW, a linear warmup then constant or cosine schedule, gradient clipping and batching.
 
+    The schedule spans the run's true number of optimizer steps: ``run.steps x loss.epochs x
+    loss.mini_batches`` per policy for RL (its share of the steps under an alternating schedule), and
+    ``data.epochs`` x batches per epoch (or ``run.steps``) for SFT. A cosine schedule reaches 0 right after
+    the last step. A step that makes no update (every group filtered) still spends its share, so the
+    schedule ends where the run does.
+
     Attributes:
+        warmup_steps: Optimizer steps of linear warmup (step k of them runs at ``lr (k + 1) / warmup_steps``).
         token_budget: Tokens (padded) per micro-batch; sequences are sorted by length and packed
             under it, so padding is only to the longest sequence of each micro-batch.
         max_bad_steps: Consecutive non-finite losses/gradients tolerated (each skipped) before the

@@ -61,7 +61,7 @@ from .rollout_setup import make_env, make_rollout_policy, make_workflow, policy_
 from .sft import sft_samples
 from .trainer import PolicyTrainer
 
-__all__ = ["Recipe", "load_transcripts", "run_training"]
+__all__ = ["Recipe", "load_transcripts", "policy_batches", "recipe_steps", "run_training", "trained_at"]
 
 # Run-folder locks this process holds. A forked child (vLLM's engine core, a multiprocessing worker) must not
 # keep a copy: an flock lives as long as any descriptor of it, and the folder would stay locked after cleanup.
@@ -79,6 +79,38 @@ os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 log = logging.getLogger(__name__)
 _DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _pids_of(cfg: TrainConfig) -> list[str]:
+    return ["solver", "verifier"] if cfg.multi.workflow == "solver_verifier" else ["policy"]
+
+
+def recipe_steps(cfg: TrainConfig, sft_samples: int = 0) -> int:
+    """Recipe steps of a run: ``run.steps``, or for SFT with ``run.steps = 0``, ``data.epochs`` passes over
+    ``sft_samples`` samples in batches of ``data.batch_size``."""
+    if cfg.run.algorithm == "sft" and cfg.run.steps == 0:
+        return math.ceil(sft_samples / cfg.data.batch_size) * cfg.data.epochs
+    return cfg.run.steps
+
+
+def trained_at(cfg: TrainConfig, step: int) -> list[str]:
+    """The policies recipe step ``step`` trains: all, or with ``multi.schedule = "alternating"`` policy
+    ``step mod n``."""
+    pids = _pids_of(cfg)
+    if len(pids) > 1 and cfg.multi.schedule == "alternating":
+        return [pids[step % len(pids)]]
+    return pids
+
+
+def policy_batches(cfg: TrainConfig, sft_samples: int = 0) -> dict[str, int]:
+    """``{policy: batches}``: the ``train_on`` calls each trainer gets over the whole run (its
+    learning-rate schedule spans ``batches x steps_per_batch`` optimizer steps)."""
+    steps = recipe_steps(cfg, sft_samples)
+    out = dict.fromkeys(_pids_of(cfg), 0)
+    for step in range(steps):
+        for pid in trained_at(cfg, step):
+            out[pid] += 1
+    return out
 
 
 def load_transcripts(paths: list[str]) -> list[Trajectory]:
@@ -149,14 +181,14 @@ class Recipe:
 
         self.model_path = resolve_model(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
-        self._build_trainers()
-        if cfg.run.algorithm == "sft":
+        if cfg.run.algorithm == "sft":  # first: the data's size sets the run's length (and the LR schedule's)
             trajs = load_transcripts(cfg.data.paths)
             self._sft, counts = sft_samples(trajs, self.tokenizer, self._pids[0], only_success=cfg.data.only_success,
                                             max_len=cfg.data.max_len)
             if not self._sft:
                 raise TrainingDataError(f"no SFT samples from {cfg.data.paths}: {counts}")
             self.result["sft_data"] = counts
+        self._build_trainers()
         needs_rollout = cfg.run.algorithm == "grpo" or cfg.eval.before or cfg.eval.after or cfg.eval.every
         if needs_rollout:
             self._build_rollout()
@@ -206,15 +238,16 @@ class Recipe:
 
     @property
     def _pids(self) -> list[str]:
-        return ["solver", "verifier"] if self.cfg.multi.workflow == "solver_verifier" else ["policy"]
+        return _pids_of(self.cfg)
 
     @property
     def total_steps(self) -> int:
-        cfg = self.cfg
-        if cfg.run.algorithm == "sft" and cfg.run.steps == 0:
-            per_epoch = math.ceil(len(self._sft) / cfg.data.batch_size) if self._sft else 1
-            return per_epoch * cfg.data.epochs
-        return cfg.run.steps
+        """Recipe steps of the run (``run.steps``; SFT with ``run.steps = 0``: ``data.epochs`` passes)."""
+        return recipe_steps(self.cfg, len(self._sft))
+
+    def trained_at(self, step: int) -> list[str]:
+        """The policies recipe step ``step`` trains (all of them; ``multi.schedule = "alternating"``: one)."""
+        return trained_at(self.cfg, step)
 
     def _build_trainers(self) -> None:
         cfg, m = self.cfg, self.cfg.model
@@ -242,7 +275,7 @@ class Recipe:
                     p.requires_grad_(False)
             self.trainers[pid] = PolicyTrainer(pid, models[pid], algorithm=cfg.run.algorithm, optim=cfg.optim,
                                                loss=cfg.loss, adapter=pid if lora else None, ref_model=ref,
-                                               total_steps=cfg.run.steps, seed=cfg.run.seed,
+                                               batches=policy_batches(cfg, len(self._sft))[pid], seed=cfg.run.seed,
                                                autocast=_DT[m.autocast] if m.autocast else None)
             self.publishers[pid] = WeightPublisher(models[pid], pid if lora else None, dtype=rdt, mode="auto")
 
@@ -397,6 +430,8 @@ class Recipe:
             self.logger.log(self.total_steps, {"eval": {"success": self.result["after"]["success"]}})
         self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
         self.result["steps"] = self.step
+        self.result["lr_schedule"] = {pid: {"horizon": tr.horizon, "spent": tr.schedule_pos, "optimizer_steps": tr.steps}
+                                      for pid, tr in self.trainers.items()}
         if self._runtime is not None:
             st = await self._runtime.stats()
             self.result["dataflow"] = {k: st.get(k) for k in ("groups", "task_stream", "replay")}
@@ -411,9 +446,7 @@ class Recipe:
         batches = {pid: await self._runtime.get_batch(pid) for pid in self.trainers}
         t1 = time.monotonic()
         rec: dict[str, Any] = {}
-        pids = list(self.trainers)
-        if len(pids) > 1 and self.cfg.multi.schedule == "alternating":
-            pids = [pids[self.step % len(pids)]]
+        pids = self.trained_at(self.step)
         parallel = len(pids) > 1 and not self.cfg.multi.shared_base  # separate models: train side by side
         results = await asyncio.gather(*(self._train_policy(pid, batches[pid], parallel) for pid in pids))
         per = dict(zip(pids, results, strict=True))
@@ -460,7 +493,7 @@ class Recipe:
                              f"({batch.filtered} dropped by dynamic sampling; of {stats.groups} kept: "
                              f"{stats.zero_variance_groups} zero-variance, {stats.early_stopped_groups} "
                              f"early-stopped, {stats.error_episodes} lost episodes); no optimizer step")
-            m["train"] = {"optimizer_steps": 0, "skipped": "all groups filtered"}
+            m["train"] = {**tr.train_on([]), "skipped": "all groups filtered"}  # spends its share of the schedule
         elif in_thread:
             m["train"] = await asyncio.to_thread(tr.train_on, samples)
         else:

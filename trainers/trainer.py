@@ -9,9 +9,19 @@ dataflow runtime drive it the same way.
 Several trainers can share one peft model (two LoRA adapters over one base): each owns one adapter,
 activates it for its own forward passes and optimizes only its parameters.
 
+**Learning-rate schedule.** One :meth:`PolicyTrainer.train_on` call is one *batch*, and a batch is
+``steps_per_batch`` optimizer steps (RL: ``loss.epochs x loss.mini_batches``; SFT: 1; micro-batches
+accumulate gradients and are not steps). The trainer is told how many batches the run will hand it
+(``batches``), so the schedule spans the run's true number of optimizer steps,
+``horizon = batches x steps_per_batch`` (:func:`lr_factor`). Every batch spends its
+``steps_per_batch`` positions of the schedule whether it takes them or not (a batch whose groups were
+all filtered, fewer samples than mini-batches, a skipped non-finite step), so the schedule always ends
+where the run does.
+
 Faults: a non-finite loss or gradient norm skips the optimizer step (gradients dropped, counted in
 ``skipped_steps``, logged); ``optim.max_bad_steps`` consecutive ones raise
-:class:`~agentgym.errors.TrainingDiverged`. An empty sample list is not a step.
+:class:`~agentgym.errors.TrainingDiverged`. An empty sample list is not a step (it still spends its
+batch's positions of the schedule).
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentgym.errors import TrainingDiverged
+from agentgym.errors import ConfigurationError, TrainingDiverged
 
 from .batching import MicroBatch, TrainSample, collate, pack_micro_batches
 from .config import LossConfig, OptimConfig
@@ -34,9 +44,25 @@ from .losses import aggregation_weights, policy_loss, sft_loss
 from .memory import release_free_memory
 from .model import adapter_parameters, token_logprobs
 
-__all__ = ["PolicyTrainer"]
+__all__ = ["PolicyTrainer", "lr_factor"]
 
 log = logging.getLogger(__name__)
+
+
+def lr_factor(step: int, *, warmup_steps: int, schedule: str, horizon: int) -> float:
+    """The learning-rate multiplier of optimizer step ``step`` (0-based) of a run of ``horizon`` steps.
+
+    A linear warmup over the first ``warmup_steps`` steps (step ``k`` gets ``(k + 1) / warmup_steps``),
+    then ``"constant"`` (1) or ``"cosine"``: ``0.5 (1 + cos(pi t))`` with ``t = (k - warmup) /
+    (horizon - warmup)``, which reaches its end (0) at ``k = horizon``, right after the run's last step
+    (transformers' ``get_cosine_schedule_with_warmup`` convention: no step is spent at learning rate 0).
+    """
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "cosine":
+        t = min(1.0, (step - warmup_steps) / max(1, horizon - warmup_steps))
+        return 0.5 * (1 + math.cos(math.pi * t))
+    return 1.0
 
 
 class PolicyTrainer:
@@ -50,7 +76,8 @@ class PolicyTrainer:
         adapter: The LoRA adapter this trainer owns (``None``: full fine-tune of ``model``).
         ref_model: A frozen reference for the KL term (with LoRA the base model is used instead,
             by disabling the adapter).
-        total_steps: For the cosine schedule.
+        batches: The ``train_on`` calls the run will make (the schedule's horizon is ``batches x
+            steps_per_batch`` optimizer steps; see the module docstring). Needed by a cosine schedule.
         seed: Shuffles mini-batches.
         autocast: Run forward and backward under ``torch.autocast`` in this dtype (mixed precision:
             the weights and optimizer state keep the model's dtype).
@@ -58,7 +85,7 @@ class PolicyTrainer:
 
     def __init__(self, policy_id: str, model: Any, *, algorithm: Literal["grpo", "sft"] = "grpo",
                  optim: OptimConfig | None = None, loss: LossConfig | None = None, adapter: str | None = None,
-                 ref_model: Any = None, total_steps: int = 0, seed: int = 0,
+                 ref_model: Any = None, batches: int | None = None, seed: int = 0,
                  autocast: torch.dtype | None = None) -> None:
         self.policy_id = policy_id
         self.model = model
@@ -74,8 +101,11 @@ class PolicyTrainer:
         o = self.optim_cfg
         self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=o.lr, betas=o.betas, eps=o.eps,
                                            weight_decay=o.weight_decay)
-        self.total_steps = max(1, total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        if batches is None and o.schedule != "constant":
+            raise ConfigurationError(f"a {o.schedule} learning-rate schedule needs the run's length: pass batches=")
+        self.batches = max(1, batches or 1)
+        self.schedule_pos = 0  # optimizer steps of the schedule spent (taken or not)
+        self.lr = o.lr * self.lr_factor(0)
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0
         self.bad_in_a_row = 0
@@ -83,14 +113,20 @@ class PolicyTrainer:
         self.autocast = autocast
 
     # ------------------------------------------------------------------ schedule
-    def _lr_factor(self, step: int) -> float:
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one ``train_on`` call plans: ``loss.epochs x loss.mini_batches`` (RL), 1 (SFT)."""
+        return self.loss_cfg.epochs * self.loss_cfg.mini_batches if self.algorithm == "grpo" else 1
+
+    @property
+    def horizon(self) -> int:
+        """Optimizer steps the learning-rate schedule spans: ``batches x steps_per_batch``."""
+        return self.batches * self.steps_per_batch
+
+    def lr_factor(self, pos: int) -> float:
+        """The schedule's multiplier at position ``pos`` (:func:`lr_factor` over this run's horizon)."""
         o = self.optim_cfg
-        if o.warmup_steps and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "cosine":
-            t = min(1.0, (step - o.warmup_steps) / max(1, self.total_steps - o.warmup_steps))
-            return 0.5 * (1 + math.cos(math.pi * t))
-        return 1.0
+        return lr_factor(pos, warmup_steps=o.warmup_steps, schedule=o.schedule, horizon=self.horizon)
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -142,9 +178,11 @@ class PolicyTrainer:
             Metrics: loss, grad norm, clip fraction, ratio, KL, entropy, TIS weight, behaviour logprob
             mismatch, tokens/s, padding efficiency, steps taken and skipped.
         """
+        base = self.schedule_pos
+        self.schedule_pos += self.steps_per_batch  # the batch's share of the schedule, taken or not
         samples = [s for s in samples if s.policy_id == self.policy_id and s.num_masked > 0]
         if not samples:
-            return {"optimizer_steps": 0, "skipped": "no samples"}
+            return {"optimizer_steps": 0, "skipped": "no samples", "lr": self.lr}
         t0 = time.perf_counter()
         cfg = self.loss_cfg
         rl = self.algorithm == "grpo"
@@ -160,9 +198,10 @@ class PolicyTrainer:
             olds = [self._logprobs_nograd(p) for p in plans] if need_old else None
             refs = [self._logprobs_nograd(p, reference=True) for p in plans] if rl and cfg.kl_coef > 0 else None
             acc = _Acc()
-            for _ in range(epochs):
+            for e in range(epochs):
                 for k, mbs in enumerate(plans):
-                    self._step(mbs, None if olds is None else olds[k], None if refs is None else refs[k], acc)
+                    self._step(mbs, None if olds is None else olds[k], None if refs is None else refs[k], acc,
+                               pos=base + e * cfg.mini_batches + k)
         m = acc.metrics()
         tokens = sum(s.num_masked for s in samples)
         t_trim = time.perf_counter()
@@ -172,11 +211,11 @@ class PolicyTrainer:
         m.update({"trained_tokens": tokens, "sequences": len(samples), "train_s": dt,
                   "tokens_per_s": (sum(len(s) for s in samples) * epochs) / dt if dt > 0 else None,
                   "trained_tokens_per_s": tokens * epochs / dt if dt > 0 else None,
-                  "lr": self.scheduler.get_last_lr()[0], "skipped_steps_total": self.skipped_steps})
+                  "lr": self.lr, "skipped_steps_total": self.skipped_steps})
         return m
 
     def _step(self, mbs: list[MicroBatch], olds: list[torch.Tensor] | None, refs: list[torch.Tensor] | None,
-              acc: _Acc) -> None:
+              acc: _Acc, pos: int) -> None:
         cfg = self.loss_cfg
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
@@ -222,8 +261,10 @@ class PolicyTrainer:
                     f"{self.policy_id}: {self.bad_in_a_row} optimizer steps in a row had a non-finite loss or "
                     "gradient; lower optim.lr, check the data, or resume from the last checkpoint")
             return
+        self.lr = self.optim_cfg.lr * self.lr_factor(pos)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
         self.optimizer.step()
-        self.scheduler.step()
         self.steps += 1
         self.bad_in_a_row = 0
         acc.losses.append(total)
@@ -231,13 +272,14 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        return {"optimizer": self.optimizer.state_dict(), "schedule_pos": self.schedule_pos, "lr": self.lr,
                 "steps": self.steps, "skipped_steps": self.skipped_steps, "bad_in_a_row": self.bad_in_a_row,
                 "rng": self.rng.getstate()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.schedule_pos = int(state["schedule_pos"])
+        self.lr = float(state["lr"])
         self.steps = int(state["steps"])
         self.skipped_steps = int(state["skipped_steps"])
         self.bad_in_a_row = int(state["bad_in_a_row"])
