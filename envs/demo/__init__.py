@@ -37,7 +37,7 @@ class GuessNumberEnv(AgentEnv):
             + self.parser.format_instructions(self.tools)
         )
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self._lo, self._hi = 0, self.high
         return [
             {"role": "system", "content": self.system_prompt()},
@@ -70,11 +70,11 @@ class GuessNumberEnv(AgentEnv):
         self.finish(0.0, False)
         return f"The secret was {self.task.data['secret'] if self.task else '?'}."
 
-    def _on_command(self, command: str) -> StepResult:
+    def on_command(self, command: str) -> StepResult:
         # react parser with a bare number: treat as a guess, so the demo also works in text mode
         if command.strip().lstrip("-").isdigit():
-            return self._run_tool_calls([{"id": "call_0", "name": "guess", "arguments": {"n": int(command)}}])
-        return super()._on_command(command)
+            return self.run_tool_calls([{"id": "call_0", "name": "guess", "arguments": {"n": int(command)}}])
+        return super().on_command(command)
 
     def expert_action(self) -> str:
         mid = (self._lo + self._hi) // 2

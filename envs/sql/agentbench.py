@@ -648,7 +648,7 @@ class AgentBenchSQLEnv(BaseSQLEnv):
             q += f"Additional table information about the question: {d['add_description']}\n"
         return q + "Question: " + str(d["question"])
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self.last_check = {}
         if self.db is not None:
             self.db.close()

@@ -43,7 +43,7 @@ class CounterEnv(AgentEnv):
         ts = [TaskSpec(f"ok-{n}", split, "even" if n % 2 == 0 else "odd", {"target": n}) for n in range(1, 9)]
         return [*ts, TaskSpec("boom", split, "broken", {"target": 1})]
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self.ticks = 0
         return [{"role": "system", "content": "Tick, then submit."},
                 {"role": "user", "content": f"Tick {task.data['target']} times, then submit."}]
