@@ -102,20 +102,22 @@ def check_cmd(
     env_id: Annotated[str, typer.Argument(help="Env id, e.g. agentgym/SQL-v0 (the prefix may be omitted).")],
     kw: Annotated[list[str] | None, typer.Option("--kw", help="Env kwarg key=value (repeatable).")] = None,
 ) -> None:
-    """Run the env checker (gymnasium's check_env plus the LLM checks)."""
+    """Run the env checker (gymnasium's check_env plus the LLM checks). Exit status 1 when a check fails."""
     import agentgym
     from agentgym.checker import CheckFailed
     from agentgym.errors import AgentGymError
 
     try:
         env = agentgym.make(env_id, **_parse_kwargs(kw))
-        report = agentgym.check_env(env)
-    except CheckFailed as e:
-        fail(f"check failed: {e}")
-        return
     except AgentGymError as e:
         fail(str(e))
-        return
+    try:
+        report = agentgym.check_env(env)
+    except CheckFailed as e:
+        typer.echo(str(e.report) if e.report is not None else str(e))
+        fail(f"{len(e.report.failed) if e.report is not None else 1} check(s) failed.", 1)
+    finally:
+        env.close()
     typer.echo(str(report))
 
 
