@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentgym.envs.demo import expert_reply
+
 from agentgym.core import AgentEnv
 from agentgym.errors import PolicyError, TokenizationError
 from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle
@@ -241,15 +243,7 @@ class DemoPlayer(FakePolicy):
             await asyncio.sleep(self.latency)
         out = []
         for r in requests:
-            lo, hi, last = 0, 63, None
-            for m in r.messages or []:
-                if m["role"] == "assistant":
-                    g = re.search(r'"n":\s*(-?\d+)', m["content"])
-                    last = int(g.group(1)) if g else None
-                elif m["role"] == "tool" and last is not None:
-                    lo, hi = (max(lo, last + 1), hi) if m["content"] == "higher" else (lo, min(hi, last - 1)) \
-                        if m["content"] == "lower" else (lo, hi)
-            text = f'<tool_call>{{"name": "guess", "arguments": {{"n": {(lo + hi) // 2}}}}}</tool_call>'
+            text = expert_reply(r.messages or [])
             out.append(Generation(text=text, token_ids=[1, 2, 3], logprobs=[-0.1] * 3))
         return out
 
