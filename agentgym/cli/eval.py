@@ -34,13 +34,10 @@ __all__ = ["EvalOptions", "register", "resolve_policy"]
 def resolve_policy(spec: str, *, request_timeout_s: float | None = None) -> Policy:
     """A policy from a spec string.
 
-    ``py:module:attr`` imports ``attr`` (a Policy, or a zero-argument factory returning one);
-    everything else goes to ``agentgym.policies.from_spec`` (``hf:...``, ``vllm:...``,
-    ``openai:...``, ``expert``...). ``expert`` and ``hf:MODEL`` work even before that exists.
-    ``request_timeout_s`` becomes an ``openai:`` policy's per-request HTTP timeout.
+    ``py:module:attr`` imports ``attr`` (a Policy, or a zero-argument factory returning one); every
+    other spec goes to :func:`agentgym.policies.from_spec` (``expert``, ``hf:...``, ``vllm:...``,
+    ``openai:...``). ``request_timeout_s`` becomes an ``openai:`` policy's per-request HTTP timeout.
     """
-    from agentgym.errors import ConfigurationError
-
     if spec.startswith("py:"):
         mod_name, _, attr = spec[3:].partition(":")
         if not mod_name or not attr:
@@ -54,28 +51,12 @@ def resolve_policy(spec: str, *, request_timeout_s: float | None = None) -> Poli
         if not hasattr(obj, "generate") or not hasattr(obj, "policy_id"):
             raise ConfigurationError(f"--policy {spec!r} is not a Policy (needs policy_id and async generate()).")
         return obj  # type: ignore[no-any-return]
-    try:
-        policies = importlib.import_module("agentgym.policies")
-    except ImportError:
-        policies = None
-    from_spec = getattr(policies, "from_spec", None)
-    if callable(from_spec):
-        kwargs: dict[str, Any] = {}
-        if request_timeout_s is not None and spec.strip().startswith("openai:"):
-            kwargs = {"timeout_s": request_timeout_s, "connect_timeout_s": min(5.0, request_timeout_s)}
-        return from_spec(spec, **kwargs)  # type: ignore[no-any-return]
-    if spec == "expert":
-        from agentgym.policies.scripted import ExpertPolicy
+    from agentgym.policies import from_spec
 
-        return ExpertPolicy()
-    if spec.startswith("hf:") and len(spec) > 3:
-        from agentgym.policies.hf import HFPolicy
-
-        return HFPolicy(spec[3:], policy_id=spec)
-    raise ConfigurationError(
-        f"--policy {spec!r}: policy specs other than 'expert', 'hf:MODEL' and 'py:MODULE:ATTR' need "
-        "agentgym.policies.from_spec, "
-        "which this installation lacks.")
+    kwargs: dict[str, Any] = {}
+    if request_timeout_s is not None and spec.strip().startswith("openai:"):
+        kwargs = {"timeout_s": request_timeout_s, "connect_timeout_s": min(5.0, request_timeout_s)}
+    return from_spec(spec, **kwargs)
 
 
 def _items(value: Any) -> list[Any]:

@@ -54,7 +54,7 @@ __all__ = ["EPISODES_FILE", "SUMMARY_FILE", "EvalConfig", "arun_eval", "episode_
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"
-ProgressFn = Callable[[int, int, Trajectory | None], None]
+ProgressFn = Callable[[int, int, Trajectory | None], None]  # (episodes done, episodes planned, the one that finished)
 
 
 class EvalConfig(ConfigModel):
@@ -377,14 +377,41 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
 
 def run_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
              progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Evaluate ``policy`` under ``config`` into ``out``; returns the summary dict.
+    """Evaluate ``policy`` under the protocol ``config``, writing into ``out``: what ``agentgym eval`` runs.
 
     Example::
 
         from agentgym.eval import EvalConfig, run_eval
-        from agentgym.policies.scripted import ExpertPolicy
-        s = run_eval(ExpertPolicy(), EvalConfig(["agentgym/Demo-v0"], tasks=5), "runs/demo-expert")
-        s["envs"]["agentgym/Demo-v0"]["success"]["mean"]
+        from agentgym.policies import from_spec
+
+        policy = from_spec("hf:smollm2-135m-instruct")     # or "vllm:...", "openai:URL#model", "expert"
+        config = EvalConfig(["agentgym/Demo-v0"], split="test", tasks=8, samples=2, seeds=[0, 1], max_turns=8)
+        summary = run_eval(policy, config, "runs/demo-smollm2")
+        print(summary["envs"]["agentgym/Demo-v0"]["success"])   # {"mean", "ci95", "per_seed", ...}
+
+    Rerunning into the same ``out`` with the same protocol resumes: finished episodes are kept and
+    only the rest run (more seeds or tasks may be added). The caller owns ``policy`` (close it with
+    ``await policy.aclose()``, or use it as an async context manager). Inside a running event loop,
+    ``await`` :func:`arun_eval` instead.
+
+    Args:
+        policy: Any :class:`~agentgym.policy.Policy` (build one from a spec string with
+            :func:`agentgym.policies.from_spec`).
+        config: The protocol: envs, split, tasks, samples, seeds, limits, sampling.
+        out: Output directory: ``episodes.jsonl`` (one trajectory per episode, appended as each
+            finishes), ``summary.json`` (the returned dict) and ``run.json`` (the protocol).
+        progress: Called as ``progress(done, total, trajectory)`` after each episode (``trajectory``
+            is ``None`` for the initial call).
+
+    Returns:
+        The summary: ``envs`` (per env: ``success`` and ``reward`` with 95% CIs over seeds,
+        ``pass_at_k``, ``turns``, ``tokens``, ``parse_errors``, ``truncated_reasons``, ``errors``,
+        ``timings``, ``by_task_type``, ``tasks`` loaded/skipped/evaluated), ``overall``, ``protocol``,
+        ``expected_episodes``, ``finished_episodes``, ``complete`` and ``run_wall_s``.
+
+    Raises:
+        ConfigurationError: an unknown env id (:class:`~agentgym.errors.UnknownEnvError`), a split an
+            env lacks, or ``out`` holding a run with another protocol.
     """
     return asyncio.run(arun_eval(policy, config, out, progress=progress))
 
