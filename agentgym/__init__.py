@@ -62,9 +62,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("check_env", "CheckReport"):
-        from agentgym import checker
+_LAZY = {"check_env": "agentgym.checker", "CheckReport": "agentgym.checker"}
 
-        return getattr(checker, name)
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'agentgym' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -380,3 +380,18 @@ def test_core_packages_import_no_heavy_backend() -> None:
     assert out.returncode == 0, out.stderr
     heavy = ("torch", "transformers", "matplotlib", "vllm", "ray", "peft", "docker")
     assert [m for m in json.loads(out.stdout) if m.split(".")[0] in heavy] == []
+
+
+def test_the_public_surface_is_small_and_lazy() -> None:
+    """Every name in ``agentgym.__all__`` resolves; the checker (and plugins) load only when asked for."""
+    code = ("import sys, json, agentgym\n"
+            "before = sorted(m for m in sys.modules if m.startswith('agentgym'))\n"
+            "missing = [n for n in agentgym.__all__ if getattr(agentgym, n, None) is None]\n"
+            "print(json.dumps([before, missing, sorted(set(agentgym.__all__) - set(dir(agentgym)))]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, missing, undirred = json.loads(out.stdout)
+    assert missing == [] and undirred == []
+    assert "agentgym.checker" not in before and "agentgym.eval" not in before
+    assert set(before) <= {"agentgym", "agentgym.core", "agentgym.errors", "agentgym.loading", "agentgym.parsers",
+                           "agentgym.registration", "agentgym.spaces", "agentgym.tools", "agentgym.types"}
