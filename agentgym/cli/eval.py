@@ -101,34 +101,35 @@ class EvalOptions(ConfigModel):
 
     The file's keys are the long options with ``_`` for ``-``; ``env`` and ``seeds`` may be lists and
     ``env_kwarg`` a table. :meth:`eval_config` turns the options into the
-    :class:`~agentgym.eval.runner.EvalConfig` protocol; the rest (``policy``, ``out``, ``quiet``,
-    ``request_timeout``, ``deadline``) is how this command runs it.
+    :class:`~agentgym.eval.runner.EvalConfig` protocol, whose defaults hold for every option left
+    unset (``None``); the rest (``policy``, ``out``, ``quiet``, ``request_timeout``, ``deadline``) is how
+    this command runs it.
     """
 
     env: list[str] | None = None
     policy: str | None = None
     out: Path | None = None
-    split: str = "test"
+    split: str | None = None
     tasks: int | None = None
-    samples: int = 1
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    samples: int | None = None
+    seeds: list[int] | None = None
     max_turns: int | None = None
-    max_tokens: int = 256
+    max_tokens: int | None = None
     max_total_tokens: int | None = None
     max_wall_s: float | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    concurrency: int = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    concurrency: int | None = None
     parser: str | None = None
-    history: int | None = None
-    env_kwarg: dict[str, Any] = Field(default_factory=dict)
-    retry_errors: bool = True
-    sampling_seeds: bool = True
-    batch_requests: bool = True
+    history: int | None = None  # "full" (the default) parses to None
+    env_kwarg: dict[str, Any] | None = None
+    retry_errors: bool | None = None
+    sampling_seeds: bool | None = None
+    batch_requests: bool | None = None
     quiet: bool = False
     request_timeout: float | None = Field(default=None, gt=0)
     deadline: float | None = Field(default=None, gt=0)
-    env_workers: str = "thread"
+    env_workers: str | None = None
 
     @field_validator("env", mode="before")
     @classmethod
@@ -137,13 +138,13 @@ class EvalOptions(ConfigModel):
 
     @field_validator("seeds", mode="before")
     @classmethod
-    def _seed_list(cls, v: Any) -> list[int]:
-        return _seeds(v)
+    def _seed_list(cls, v: Any) -> list[int] | None:
+        return None if v is None else _seeds(v)
 
     @field_validator("env_kwarg", mode="before")
     @classmethod
-    def _kwargs(cls, v: Any) -> dict[str, Any]:
-        return _env_kwargs(v)
+    def _kwargs(cls, v: Any) -> dict[str, Any] | None:
+        return None if v is None else _env_kwargs(v)
 
     @field_validator("history", mode="before")
     @classmethod
@@ -187,13 +188,13 @@ class EvalOptions(ConfigModel):
         data.update({k: v for k, v in command_line.items() if v is not None})
         return cls.from_dict(data, source="agentgym eval", label=_option_name)
 
-    def split_overrides(self) -> tuple[str, dict[str, str]]:
+    def split_overrides(self) -> tuple[str | None, dict[str, str]]:
         """``--split test,agentgym/ALFWorld-v0=valid_seen`` -> ``("test", {"agentgym/ALFWorld-v0": "valid_seen"})``."""
         from agentgym.registration import env_entry
 
         default: str | None = None
         overrides: dict[str, str] = {}
-        for item in _items(self.split):
+        for item in _items(self.split or ""):
             env_id, sep, name = str(item).partition("=")
             if sep:
                 if not env_id.strip() or not name.strip():
@@ -203,7 +204,7 @@ class EvalOptions(ConfigModel):
                 default = str(item)
             else:
                 raise ConfigurationError(f"--split names two default splits ({default!r}, {item!r})")
-        return default or "test", overrides
+        return default, overrides
 
     def eval_config(self) -> EvalConfig:
         """The eval protocol these options describe; a bad value names its command-line option.
@@ -215,15 +216,14 @@ class EvalOptions(ConfigModel):
         from agentgym.registration import env_entry
 
         split, overrides = self.split_overrides()
-        fields = dict(
+        given = dict(
             envs=self.env or [], split=split, split_overrides=overrides, tasks=self.tasks, samples=self.samples,
             seeds=self.seeds, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
             max_wall_s=self.max_wall_s, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
             concurrency=self.concurrency, parser=self.parser, history_window=self.history, env_kwargs=self.env_kwarg,
             retry_errors=self.retry_errors, policy_spec=self.policy, sampling_seeds=self.sampling_seeds,
-            batch_requests=self.batch_requests, env_workers=self.env_workers)
-        if self.request_timeout is not None:
-            fields["policy_timeout_s"] = self.request_timeout
+            batch_requests=self.batch_requests, env_workers=self.env_workers, policy_timeout_s=self.request_timeout)
+        fields = {k: v for k, v in given.items() if v is not None}  # unset: EvalConfig's default
         config = EvalConfig.from_dict(fields, source="agentgym eval", label=_option_name)
         for env_id in config.envs:
             env_entry(env_id)  # UnknownEnvError with a did-you-mean

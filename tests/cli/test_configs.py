@@ -89,3 +89,18 @@ def test_eval_with_config_and_override(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "agentgym", "eval", "--config", str(tmp_path / "nope.toml")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "does not exist" in " ".join(res.stderr.split())
+
+
+def test_the_help_shows_the_protocol_defaults() -> None:
+    """The defaults `agentgym eval --help` shows are EvalConfig's (the one place they are set)."""
+    import typer.main
+
+    from agentgym.cli import app
+
+    cmd = typer.main.get_command(app).commands["eval"]  # type: ignore[attr-defined]
+    shown = {p.name: p.show_default for p in cmd.params if isinstance(p.show_default, str)}
+    assert {"split", "samples", "seeds", "max_tokens", "temperature", "top_p", "concurrency", "history",
+            "retry_errors", "sampling_seeds", "batch_requests", "env_workers"} <= set(shown)
+    words = {"retry": True, "on": True, "off": False}
+    opts = EvalOptions.from_sources({"env": "agentgym/Demo-v0", **{k: words.get(v, v) for k, v in shown.items()}})
+    assert opts.eval_config() == EvalConfig(["agentgym/Demo-v0"])
