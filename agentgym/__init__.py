@@ -1,11 +1,17 @@
 """AgentGym: Gymnasium-compatible multi-turn agent environments for training and evaluating LLM agents.
 
-Importing ``agentgym`` registers every built-in env id (as strings, nothing heavy is imported) and
-third-party envs from the ``agentgym.envs`` entry-point group::
+Importing ``agentgym`` registers every built-in env id with gymnasium (as strings: no env, policy
+or heavy backend is imported)::
 
     import agentgym, gymnasium
     env = gymnasium.make("agentgym/SQL-v0")
     obs, info = env.reset(seed=0)
+
+Third-party envs (the ``agentgym.envs`` entry-point group) load on first use of :func:`make`,
+:func:`list_envs` or :func:`env_entry`, never at import: a slow or broken plugin costs nothing until
+an env is looked up. Call :func:`load_plugins` before a plain ``gymnasium.make`` of a plugin's id.
+Evaluation lives in :mod:`agentgym.eval` (``run_eval``), the checker in :mod:`agentgym.checker`
+(``check_env``, also here, loaded on first use).
 """
 
 from __future__ import annotations
@@ -56,12 +62,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("check_env", "CheckReport"):
-        from agentgym import checker
+_LAZY = {"check_env": "agentgym.checker", "CheckReport": "agentgym.checker"}
 
-        return getattr(checker, name)
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'agentgym' has no attribute {name!r}")
 
 
-load_plugins()
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,7 +13,7 @@ Writing an env means subclassing and filling three hooks::
         def tasks(self, split="train"):
             return [TaskSpec(f"{split}-{n}", split, data={"n": n}) for n in range(10)]
 
-        def _reset_task(self, task):
+        def reset_task(self, task):
             return [{"role": "user", "content": "Guess my number (0-9)."}]
 
         @tool
@@ -35,6 +35,7 @@ where parsing failed. Misuse of the API (``step`` before ``reset`` or after the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -48,9 +49,13 @@ from agentgym.spaces import ActionSpace, ChatSpace
 from agentgym.tools import ToolSet
 from agentgym.types import Message, TaskSpec, ToolCall
 
-__all__ = ["AgentEnv", "StepResult"]
+__all__ = ["RENAMED_HOOKS", "AgentEnv", "StepResult"]
 
 Action = str | Message
+
+# Old hook name -> public name (0.2). Overriding the old name still works until 0.3, with a DeprecationWarning.
+RENAMED_HOOKS = {"_reset_task": "reset_task", "_on_command": "on_command", "_on_text": "on_text",
+                 "_run_tool_calls": "run_tool_calls", "_format_error": "format_error"}
 
 
 @dataclass
@@ -67,10 +72,10 @@ class StepResult:
 class AgentEnv(gymnasium.Env[list[Message], Action]):
     """Base class of every AgentGym environment.
 
-    Subclasses implement :meth:`tasks` and :meth:`_reset_task`, and either declare ``@tool``
+    Subclasses implement :meth:`tasks` and :meth:`reset_task`, and either declare ``@tool``
     methods (tool-calling envs; a tool ends the episode with :meth:`finish`) or override
-    :meth:`_on_command` (text-command envs such as ALFWorld). :meth:`_on_text` handles a turn with
-    neither a tool call nor a command.
+    :meth:`on_command` (text-command envs such as ALFWorld). :meth:`on_text` handles a turn with
+    neither a tool call nor a command; :meth:`run_tool_calls` runs a turn's tool calls.
 
     Class attributes:
         family: Short family name shown by ``agentgym list`` (``"sql"``, ``"alfworld"``...).
@@ -119,17 +124,51 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         """All tasks of a split, in a stable order."""
         raise NotImplementedError
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         """Set up ``task`` and return the opening messages. Draw randomness from ``self.np_random``."""
         raise NotImplementedError
 
-    def _on_command(self, command: str) -> StepResult:
+    def on_command(self, command: str) -> StepResult:
         """Handle a plain-text command (react parser). Default: tell the agent to call a tool."""
-        return self._format_error(f"expected a tool call, got the command {command[:80]!r}")
+        return self.format_error(f"expected a tool call, got the command {command[:80]!r}")
 
-    def _on_text(self, text: str) -> StepResult:
+    def on_text(self, text: str) -> StepResult:
         """Handle a turn with no tool call and no command. Default: a parse-error observation."""
-        return self._format_error("no tool call found")
+        return self.format_error("no tool call found")
+
+    def run_tool_calls(self, calls: list[ToolCall]) -> StepResult:
+        """Run the turn's tool calls in order (stopping after one that ends the episode) and return
+        one ``tool`` message each. Override to post-process a turn's tool results."""
+        out: list[Message] = []
+        for call in calls:
+            res = self.tools.call(call)
+            self.count("tool_calls")
+            if not res.ok:
+                self.count("tool_errors")
+                self.count(f"tool_{res.error_kind}")
+            out.append({"role": "tool", "tool_call_id": call["id"], "name": res.name, "content": res.content})
+            if self._outcome is not None:
+                break
+        return StepResult(out)
+
+    # The hooks' names before 0.2. A subclass that overrides an old name still works (with a
+    # DeprecationWarning when the class is defined) until 0.3; the aliases keep ``super()._on_text(...)``
+    # in such a subclass reaching the base behaviour.
+    _reset_task = reset_task
+    _on_command = on_command
+    _on_text = on_text
+    _run_tool_calls = run_tool_calls
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in RENAMED_HOOKS.items():
+            own = cls.__dict__
+            if old in own and new not in own:
+                warnings.warn(f"{cls.__qualname__} overrides {old}(), the hook's old name: rename it {new}() "
+                              "(the old name works until agentgym 0.3).", DeprecationWarning, stacklevel=2)
+                setattr(cls, new, own[old])
+            elif new in own and old not in own:
+                setattr(cls, old, own[new])  # a subclass of this one that still calls super().<old>() finds it
 
     def load_report(self, split: str | None = None) -> dict[str, Any]:
         """How many tasks were loaded and which source rows were left out, and why.
@@ -157,7 +196,7 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         return None
 
     def system_prompt(self) -> str | None:
-        """Optional system prompt describing the env; used by ``_reset_task`` implementations."""
+        """Optional system prompt describing the env; used by ``reset_task`` implementations."""
         return None
 
     # ------------------------------------------------------------------ helpers for subclasses
@@ -169,11 +208,15 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         """Increment ``info["metrics"][key]``."""
         self.metrics[key] = self.metrics.get(key, 0) + n
 
-    def _format_error(self, reason: str) -> StepResult:
+    def format_error(self, reason: str) -> StepResult:
+        """A parse-error observation: ``reason`` and the parser's format instructions, counted in
+        ``metrics["parse_errors"]``, minus ``format_penalty``, with ``info["parse_error"]`` set."""
         self.count("parse_errors")
         hint = self.parser.format_instructions(self.tools)
         msg: Message = {"role": "user", "content": f"Error: {reason}. {hint}"}
         return StepResult([msg], -self.format_penalty, info={"parse_error": reason})
+
+    _format_error = format_error  # the old name (see RENAMED_HOOKS)
 
     # ------------------------------------------------------------------ task lookup
     def get_task(self, task_id: str) -> TaskSpec:
@@ -217,7 +260,7 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
         self._turn = 0
         self._outcome = None
         self.metrics = {}
-        messages = self._reset_task(task)
+        messages = self.reset_task(task)
         self._state = "running"
         self._last_messages = messages
         info: dict[str, Any] = {"task_id": task.task_id, "task_type": task.task_type, "metrics": {},
@@ -261,25 +304,12 @@ class AgentEnv(gymnasium.Env[list[Message], Action]):
 
     def _dispatch(self, parsed: ParsedAction) -> StepResult:
         if parsed.error is not None:
-            return self._format_error(parsed.error)
+            return self.format_error(parsed.error)
         if parsed.tool_calls:
-            return self._run_tool_calls(parsed.tool_calls)
+            return self.run_tool_calls(parsed.tool_calls)
         if parsed.command is not None:
-            return self._on_command(parsed.command)
-        return self._on_text(parsed.text)
-
-    def _run_tool_calls(self, calls: list[ToolCall]) -> StepResult:
-        out: list[Message] = []
-        for call in calls:
-            res = self.tools.call(call)
-            self.count("tool_calls")
-            if not res.ok:
-                self.count("tool_errors")
-                self.count(f"tool_{res.error_kind}")
-            out.append({"role": "tool", "tool_call_id": call["id"], "name": res.name, "content": res.content})
-            if self._outcome is not None:
-                break
-        return StepResult(out)
+            return self.on_command(parsed.command)
+        return self.on_text(parsed.text)
 
     def render(self) -> str | None:  # type: ignore[override]
         if self.render_mode != "ansi":

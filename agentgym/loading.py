@@ -1,4 +1,5 @@
-"""What an env's task loader kept and what it left out: :class:`LoadReport`.
+"""Reading benchmark files: :func:`read_rows` (JSON or JSON Lines rows) and :class:`LoadReport`
+(what an env's task loader kept and what it left out).
 
 A loader that reads a benchmark's files may not turn every row into a task (a row it cannot
 score, a game the engine cannot play, a duplicate id). It must never drop one silently: it
@@ -18,14 +19,60 @@ records it in ``summary.json``::
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["LoadReport"]
+from agentgym.errors import ValidationError
+
+__all__ = ["LoadReport", "read_rows"]
+
+JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 
 MAX_LISTED = 200  # skipped items listed by name in to_dict(); the counts always cover all of them
+
+
+def read_rows(path: str | os.PathLike[str], *, source: str = "") -> list[Any]:
+    """The rows of a JSON or JSON Lines file.
+
+    ``.jsonl``/``.ndjson``: one JSON value per non-blank line. Any other file is read as one JSON
+    document (a list is its rows; any other value is one row), or, where it is not one document, as
+    JSON Lines (datasets ship JSON Lines named ``.json``).
+
+    Args:
+        path: The file.
+        source: Who is reading (an env's name), to start error messages with.
+
+    Raises:
+        ValidationError: the file cannot be read, or a line (or the document) is not JSON; the
+            message names the file and the line.
+    """
+    p = Path(path)
+    where = f"{source}: " if source else ""
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError(f"{where}cannot read {str(p)!r}: {e}") from e
+    if p.suffix not in JSON_LINES_SUFFIXES:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            if len([line for line in text.splitlines() if line.strip()]) <= 1:
+                raise ValidationError(f"{where}{p.name} is not JSON: {e}") from e
+        else:
+            return data if isinstance(data, list) else [data]
+    rows: list[Any] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValidationError(f"{where}{p.name} line {n} is not JSON: {e}") from e
+    return rows
 
 
 @dataclass

@@ -8,20 +8,20 @@ each entry point is either
 * an :class:`~agentgym.core.AgentEnv` subclass; the entry point's name is the env id
   (``agentgym/`` is prepended if missing).
 
-Plugins load on first use of :func:`make`, :func:`list_envs` or :func:`env_entry`, and on
-``import agentgym`` so that plain ``gymnasium.make("agentgym/...")`` sees them too.
+Plugins load on first use of :func:`make`, :func:`list_envs` or :func:`env_entry` (never on
+``import agentgym``); a plain ``gymnasium.make`` of a plugin's id needs :func:`load_plugins` first.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
+import threading
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import gymnasium
-from gymnasium.envs.registration import EnvSpec
 
 from agentgym.errors import UnknownEnvError
 
@@ -48,6 +48,7 @@ class EnvEntry:
 
 _ENTRIES: dict[str, EnvEntry] = {}
 _plugins_loaded = False
+_plugins_lock = threading.RLock()
 
 
 def register_env(
@@ -124,11 +125,23 @@ def _register_builtins() -> None:
 
 
 def load_plugins(force: bool = False) -> list[str]:
-    """Load third-party envs from the ``agentgym.envs`` entry-point group. Returns new ids."""
+    """Load third-party envs from the ``agentgym.envs`` entry-point group (once; ``force``: again).
+
+    Called by :func:`make`, :func:`list_envs` and :func:`env_entry`; call it yourself before a plain
+    ``gymnasium.make`` of a plugin's id. A plugin that fails to load is logged and skipped.
+
+    Returns:
+        The env ids this call registered.
+    """
+    with _plugins_lock:  # envs are made from worker threads: none may look an id up mid-load
+        return _load_plugins(force)
+
+
+def _load_plugins(force: bool) -> list[str]:
     global _plugins_loaded
     if _plugins_loaded and not force:
         return []
-    _plugins_loaded = True
+    _plugins_loaded = True  # first: a plugin's own register() may call list_envs() (same thread, RLock)
     before = set(_ENTRIES)
     try:
         eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -186,10 +199,6 @@ def _resolve_id(env_id: str) -> str:
 def env_entry(env_id: str) -> EnvEntry:
     """The registry entry for an id (``"SQL-v0"`` and ``"agentgym/SQL-v0"`` both work)."""
     return _ENTRIES[_resolve_id(env_id)]
-
-
-def spec(env_id: str) -> EnvSpec:
-    return gymnasium.spec(_resolve_id(env_id))
 
 
 def make(env_id: str, /, **kwargs: Any) -> gymnasium.Env[Any, Any]:

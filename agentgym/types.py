@@ -257,9 +257,6 @@ class Trajectory:
         """The reward ``policy_id`` is trained on for this episode."""
         return float(self.policy_rewards.get(policy_id, self.reward))
 
-    def action_texts(self) -> list[str]:
-        return [t.text for t in self.turns]
-
     def segments(self, policy_id: str | None = None, *, zero_truncated: bool = False) -> list[Segment]:
         """The training view: one :class:`Segment` per (policy, session), in order of first turn.
 

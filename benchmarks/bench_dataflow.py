@@ -27,11 +27,12 @@ import functools
 import json
 import os
 import platform
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from agentgym.envs.demo import expert_guess
 
 from agentgym.dataflow.flow import DataflowConfig
 from agentgym.dataflow.runtime import EmbeddedRuntime, ServiceSpec
@@ -57,18 +58,10 @@ class FixedLatencyDemoPlayer(PolicyLifecycle):
         await asyncio.sleep(self.latency)
         out = []
         for r in requests:
-            lo, hi, last = 0, 63, None
-            for m in r.messages or []:
-                if m["role"] == "assistant":
-                    g = re.search(r'"n":\s*(-?\d+)', m["content"])
-                    last = int(g.group(1)) if g else None
-                elif m["role"] == "tool" and last is not None:
-                    if m["content"] == "higher":
-                        lo = max(lo, last + 1)
-                    elif m["content"] == "lower":
-                        hi = min(hi, last - 1)
+            msgs = r.messages or []
             # a wrong first guess half of the time keeps rewards varied (nothing is filtered)
-            mid = (lo + hi) // 2 if r.metadata.get("member", 0) % 2 == 0 or last is not None else lo
+            first = not any(m["role"] == "assistant" for m in msgs)
+            mid = 0 if first and r.metadata.get("member", 0) % 2 == 1 else expert_guess(msgs)
             text = f'<tool_call>{{"name": "guess", "arguments": {{"n": {mid}}}}}</tool_call>'
             out.append(Generation(text=text, token_ids=[1] * 8, logprobs=[-0.1] * 8, weight_version=self.weight_version))
         return out

@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import random
-import re
 import time
 import zlib
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+from agentgym.envs.demo import expert_guess
 
 import agentgym
 from agentgym.policy import Capabilities, Generation, GenRequest, Policy, PolicyLifecycle, SamplingParams
@@ -71,21 +71,6 @@ class SlowStep(gymnasium.Wrapper):  # type: ignore[type-arg]
         return self.env.step(action)
 
 
-def demo_move(messages: Sequence[Any]) -> int:
-    """Binary search from the conversation: the feedback after each guess narrows [lo, hi]."""
-    lo, hi, last = 0, 63, None
-    for m in messages:
-        if m["role"] == "assistant":
-            g = re.search(r'"n":\s*(-?\d+)', m["content"])
-            last = int(g.group(1)) if g else None
-        elif m["role"] == "tool" and last is not None:
-            if m["content"] == "higher":
-                lo = max(lo, last + 1)
-            elif m["content"] == "lower":
-                hi = min(hi, last - 1)
-    return (lo + hi) // 2
-
-
 class SimulatedBatchPolicy(PolicyLifecycle):
     """Scripted Demo actions behind a simulated static-batching backend (see the module docstring)."""
 
@@ -107,7 +92,7 @@ class SimulatedBatchPolicy(PolicyLifecycle):
                 rng = random.Random(zlib.crc32(key.encode()))
                 n = rng.randint(16, 128)
                 lengths.append(n)
-                guess = rng.randint(0, 63) if rng.random() < self.explore else demo_move(msgs)
+                guess = rng.randint(0, 63) if rng.random() < self.explore else expert_guess(msgs)
                 text = f'<tool_call>{{"name": "guess", "arguments": {{"n": {guess}}}}}</tool_call>'
                 outs.append(Generation(text=text, token_ids=[1] * n, logprobs=[-1.0] * n))
             self.batches.append(len(requests))

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from agentgym import __version__
+from agentgym.cli.common import fail, key_values
+from agentgym.errors import ConfigurationError
 
 __all__ = ["app", "main"]
 
@@ -49,24 +51,11 @@ def _root(
 
 
 def _parse_kwargs(pairs: list[str] | None) -> dict[str, Any]:
-    """``key=value`` pairs; values are parsed as JSON where possible (numbers, bools, lists)."""
-    out: dict[str, Any] = {}
-    for p in pairs or []:
-        if "=" not in p:
-            raise typer.BadParameter(f"expected key=value, got {p!r}")
-        k, v = p.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
-def _fail(msg: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(2)
+    """``key=value`` pairs of a command-line option (:func:`agentgym.cli.common.key_values`)."""
+    try:
+        return key_values(pairs or [])
+    except ConfigurationError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 @app.command("list")
@@ -113,20 +102,22 @@ def check_cmd(
     env_id: Annotated[str, typer.Argument(help="Env id, e.g. agentgym/SQL-v0 (the prefix may be omitted).")],
     kw: Annotated[list[str] | None, typer.Option("--kw", help="Env kwarg key=value (repeatable).")] = None,
 ) -> None:
-    """Run the env checker (gymnasium's check_env plus the LLM checks)."""
+    """Run the env checker (gymnasium's check_env plus the LLM checks). Exit status 1 when a check fails."""
     import agentgym
     from agentgym.checker import CheckFailed
     from agentgym.errors import AgentGymError
 
     try:
         env = agentgym.make(env_id, **_parse_kwargs(kw))
+    except AgentGymError as e:
+        fail(str(e))
+    try:
         report = agentgym.check_env(env)
     except CheckFailed as e:
-        _fail(f"check failed: {e}")
-        return
-    except AgentGymError as e:
-        _fail(str(e))
-        return
+        typer.echo(str(e.report) if e.report is not None else str(e))
+        fail(f"{len(e.report.failed) if e.report is not None else 1} check(s) failed.", 1)
+    finally:
+        env.close()
     typer.echo(str(report))
 
 
@@ -159,7 +150,7 @@ def play_cmd(
             options["split"] = split
         obs, info = env.reset(seed=seed, options=options or None)
     except AgentGymError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     base: Any = env.unwrapped
 

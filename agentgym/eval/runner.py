@@ -29,11 +29,14 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
 
 import agentgym
+from agentgym.config import ConfigModel
 from agentgym.errors import ConfigurationError
 from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
 from agentgym.policy import Policy, SamplingParams, capabilities_of
@@ -51,21 +54,24 @@ __all__ = ["EPISODES_FILE", "SUMMARY_FILE", "EvalConfig", "arun_eval", "episode_
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"
-ProgressFn = Callable[[int, int, Trajectory | None], None]
+ProgressFn = Callable[[int, int, Trajectory | None], None]  # (episodes done, episodes planned, the one that finished)
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(ConfigModel):
     """The evaluation protocol (everything that changes the numbers is recorded).
 
+    A typed pydantic model (:class:`~agentgym.config.ConfigModel`): a bad value raises
+    :class:`~agentgym.errors.ConfigurationError` naming every bad field, at construction or
+    assignment. ``envs`` may be given positionally: ``EvalConfig(["agentgym/Demo-v0"], tasks=8)``.
+
     Attributes:
-        envs: Env ids.
+        envs: Env ids (at least one).
         split: Task split (``"test"``...). An env without a ``test`` split uses its held-out split
             (``valid_unseen`` for ALFWorld; see :func:`resolve_split`); the split used is recorded.
         split_overrides: ``{env_id: split}`` for envs that should use another split.
         tasks: Tasks per env (``None``: the whole split). Chosen evenly spread over the split.
         samples: Episodes per task and seed (K of pass@k).
-        seeds: Env/sampling seeds; CIs are computed over seeds.
+        seeds: Env/sampling seeds, distinct; CIs are computed over seeds.
         max_turns: Policy turns per episode (``None``: the env's registered limit).
         max_total_tokens / max_wall_s: Further per-episode limits (truncate).
         max_tokens / temperature / top_p: Sampling per turn.
@@ -76,72 +82,73 @@ class EvalConfig:
         env_kwargs: Extra constructor kwargs for every env.
         retry_errors: On resume, rerun episodes that ended with an error.
         policy_spec: The spec string the policy came from (recorded only).
+        policy_timeout_s: One policy request, retries included; past it the episode is truncated.
+        env_timeout_s: One env reset/step; past it the episode is an env error.
+        env_workers: ``"thread"`` or ``"process"`` (each env in its own process; a step that
+            overruns ``env_timeout_s`` is killed with it).
         sampling_seeds: Give every turn a sampling seed derived from (seed, task, sample, turn), so a
             rerun reproduces the run where the backend honours seeds (HFPolicy draws each seeded row
             from its own generator inside the running batch; vLLM honours per-request seeds).
         batch_requests: Coalesce concurrent turns into batched policy calls
             (:func:`~agentgym.rollout.batching.micro_batch`).
-        env_workers: ``"thread"`` or ``"process"`` (each env in its own process; a step that
-            overruns ``env_timeout_s`` is killed with it).
     """
 
     envs: list[str]
     split: str = "test"
-    tasks: int | None = None
-    samples: int = 1
-    seeds: list[int] = field(default_factory=lambda: [0])
-    max_turns: int | None = None
-    max_total_tokens: int | None = None
-    max_wall_s: float | None = None
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    concurrency: int = 16
+    tasks: int | None = Field(default=None, ge=1)
+    samples: int = Field(default=1, ge=1)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    max_turns: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    max_wall_s: float | None = Field(default=None, gt=0)
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    concurrency: int = Field(default=16, ge=1)
     parser: str | None = None
-    history_window: int | None = None
+    history_window: int | None = Field(default=None, ge=0)
     token_mode: TokenMode = "auto"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
     retry_errors: bool = True
     policy_spec: str | None = None
-    policy_timeout_s: float = 600.0
-    env_timeout_s: float = 300.0
-    env_workers: str = "thread"
+    policy_timeout_s: float = Field(default=600.0, gt=0)
+    env_timeout_s: float = Field(default=300.0, gt=0)
+    env_workers: Literal["thread", "process"] = "thread"
     sampling_seeds: bool = True
     batch_requests: bool = True
-    split_overrides: dict[str, str] = field(default_factory=dict)
+    split_overrides: dict[str, str] = Field(default_factory=dict)
 
-    def validate(self) -> None:
-        if not self.envs:
-            raise ConfigurationError("give at least one env id (--env agentgym/Demo-v0).")
-        if self.tasks is not None and self.tasks < 1:
-            raise ConfigurationError(f"--tasks must be >= 1, got {self.tasks}.")
-        if self.samples < 1:
-            raise ConfigurationError(f"--samples must be >= 1, got {self.samples}.")
-        if not self.seeds:
-            raise ConfigurationError("give at least one seed (--seeds 0,1,2).")
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ConfigurationError(f"seeds must be distinct, got {self.seeds}.")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ConfigurationError(f"--max-turns must be >= 1, got {self.max_turns}.")
-        if self.max_tokens < 1:
-            raise ConfigurationError(f"--max-tokens must be >= 1, got {self.max_tokens}.")
-        if self.temperature < 0:
-            raise ConfigurationError(f"--temperature must be >= 0, got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise ConfigurationError(f"--top-p must be in (0, 1], got {self.top_p}.")
-        if self.concurrency < 1:
-            raise ConfigurationError(f"--concurrency must be >= 1, got {self.concurrency}.")
-        if self.env_workers not in ("thread", "process"):
-            raise ConfigurationError(f"env_workers must be 'thread' or 'process', got {self.env_workers!r}.")
-        if self.history_window is not None and self.history_window < 0:
-            raise ConfigurationError("--history must be 'full' or a non-negative number of turns.")
-        if self.parser is not None:
-            from agentgym.parsers import list_parsers
+    def __init__(self, envs: Sequence[str] | None = None, /, **data: Any) -> None:
+        if envs is not None:
+            if "envs" in data:
+                raise ConfigurationError("EvalConfig: envs given twice (positionally and by keyword).")
+            data["envs"] = envs
+        super().__init__(**data)
 
-            if self.parser not in list_parsers():
-                raise ConfigurationError(f"unknown parser {self.parser!r}; choose one of {', '.join(list_parsers())}.")
-        RolloutLimits(self.max_turns, self.max_total_tokens, self.max_wall_s, self.env_timeout_s,
-                      self.policy_timeout_s)
+    @field_validator("envs")
+    @classmethod
+    def _some_envs(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("give at least one env id (e.g. agentgym/Demo-v0)")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("give at least one seed (e.g. [0, 1, 2])")
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct, got {v}")
+        return v
+
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, v: str | None) -> str | None:
+        from agentgym.parsers import list_parsers
+
+        if v is not None and v not in list_parsers():
+            raise ValueError(f"unknown parser {v!r}; choose one of {', '.join(list_parsers())}")
+        return v
 
     def limits(self) -> RolloutLimits:
         return RolloutLimits(self.max_turns, self.max_total_tokens, self.max_wall_s, self.env_timeout_s,
@@ -152,7 +159,7 @@ class EvalConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """Settings that must match to resume into the same directory."""
-        d = asdict(self)
+        d = self.model_dump()
         for k in ("envs", "tasks", "seeds", "concurrency", "retry_errors", "policy_timeout_s", "env_timeout_s", "env_workers",
                   "batch_requests"):
             d.pop(k)  # more envs/tasks/seeds may be added on resume; these do not change results
@@ -266,60 +273,78 @@ def _make_env(env_id: str, config: EvalConfig) -> Any:
     return make(env_id, **kw)
 
 
+async def _plan_env(runtime: RolloutRuntime, env_id: str, config: EvalConfig) -> tuple[dict[str, Any], list[TaskSpec]]:
+    """Open ``env_id`` once: resolve its split, choose its tasks, and record its protocol entry."""
+    async with runtime.env(env_id, timeout=config.env_timeout_s) as env:
+        try:  # the env's public API, through wrappers (an env served over HTTP answers the same)
+            splits = env.get_wrapper_attr("splits")
+            tasks_fn = env.get_wrapper_attr("tasks")
+        except AttributeError:
+            raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.") from None
+        split = resolve_split(env_id, splits, config)
+        pool = list(await runtime.call(tasks_fn, split, timeout=config.env_timeout_s))
+        if not pool:
+            raise ConfigurationError(f"{env_id} split {split!r} has no tasks.")
+        chosen = select_tasks(pool, config.tasks)
+        _, info = await runtime.call(env.reset, seed=0, options={"task_id": chosen[0].task_id},
+                                     timeout=config.env_timeout_s)
+        proto = _env_protocol(env_id, env, split, chosen, len(pool), dict(info))
+        proto["tasks"] = await runtime.call(_load_report, env, split, len(chosen), timeout=config.env_timeout_s)
+    return proto, chosen
+
+
+def _requests(plan: list[tuple[str, int, TaskSpec]], envs_proto: dict[str, Any], config: EvalConfig,
+              finished: set[str]) -> list[GroupRequest]:
+    """One single-episode group per (seed, task, sample) not already ``finished``."""
+    out: list[GroupRequest] = []
+    for seed in config.seeds:
+        for env_id, ti, task in plan:
+            for s in range(config.samples):
+                key = episode_key(env_id, task.task_id, seed, s)
+                if key in finished:
+                    continue
+                out.append(GroupRequest(
+                    env_id, task.task_id, seed=seed, group_id=key,
+                    sampling_seed=(seed * 100_003 + ti * 101 + s) % (2**31 - 1) if config.sampling_seeds else None,
+                    info={"eval_key": key, "sample": s, "task_index": ti, "split": envs_proto[env_id]["split"]}))
+    return out
+
+
+def _write_summary(out: Path, config: EvalConfig, protocol: dict[str, Any], plan: list[tuple[str, int, TaskSpec]],
+                   *, complete: bool, wall_s: float) -> dict[str, Any]:
+    summary = summarize(load_episodes(out).values(), config, protocol, plan_keys=_plan_keys(plan, config))
+    summary["complete"] = complete
+    summary["run_wall_s"] = wall_s
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
 async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
                     progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Async :func:`run_eval`."""
-    config.validate()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """:func:`run_eval` inside a running event loop."""
     from agentgym.registration import env_entry
 
+    config = EvalConfig.from_dict(config.model_dump())  # a validated copy: later edits by the caller do not leak in
+    out = Path(out)
     env_ids = [env_entry(e).id for e in config.envs]  # UnknownEnvError with a did-you-mean
     if len(set(env_ids)) != len(env_ids):
         raise ConfigurationError(f"an env is listed twice: {config.envs}.")
+    out.mkdir(parents=True, exist_ok=True)
     _check_resume(out, config)
     t_start = time.monotonic()
     runtime = RolloutRuntime(max_concurrency=config.concurrency, env_factory=functools.partial(_make_env, config=config),
                              env_workers=config.env_workers)  # type: ignore[arg-type]
-    protocol: dict[str, Any] = {}
     try:
         envs_proto: dict[str, Any] = {}
         plan: list[tuple[str, int, TaskSpec]] = []
         for env_id in env_ids:
-            async with runtime.env(env_id, timeout=config.env_timeout_s) as env:
-                try:  # the env's public API, through wrappers (an env served over HTTP answers the same)
-                    splits = env.get_wrapper_attr("splits")
-                    tasks_fn = env.get_wrapper_attr("tasks")
-                except AttributeError:
-                    raise ConfigurationError(f"{env_id} is not an AgentEnv (it has no tasks()); it cannot be evaluated.") from None
-                split = resolve_split(env_id, splits, config)
-                pool = list(await runtime.call(tasks_fn, split, timeout=config.env_timeout_s))
-                if not pool:
-                    raise ConfigurationError(f"{env_id} split {split!r} has no tasks.")
-                chosen = select_tasks(pool, config.tasks)
-                _, info = await runtime.call(env.reset, seed=0, options={"task_id": chosen[0].task_id},
-                                             timeout=config.env_timeout_s)
-                envs_proto[env_id] = _env_protocol(env_id, env, split, chosen, len(pool), dict(info))
-                envs_proto[env_id]["tasks"] = await runtime.call(_load_report, env, split, len(chosen),
-                                                                 timeout=config.env_timeout_s)
-                plan += [(env_id, i, t) for i, t in enumerate(chosen)]
+            envs_proto[env_id], chosen = await _plan_env(runtime, env_id, config)
+            plan += [(env_id, i, t) for i, t in enumerate(chosen)]
         protocol = _protocol(policy, config, envs_proto)
         (out / RUN_FILE).write_text(json.dumps({"fingerprint": config.fingerprint(), "protocol": protocol},
                                                indent=2, default=str))
-        done = load_episodes(out)
-        finished = {k for k, t in done.items() if t.error is None or not config.retry_errors}
-        requests: list[GroupRequest] = []
-        for seed in config.seeds:
-            for env_id, ti, task in plan:
-                for s in range(config.samples):
-                    key = episode_key(env_id, task.task_id, seed, s)
-                    if key in finished:
-                        continue
-                    requests.append(GroupRequest(
-                        env_id, task.task_id, seed=seed, group_id=key,
-                        sampling_seed=(seed * 100_003 + ti * 101 + s) % (2**31 - 1) if config.sampling_seeds else None,
-                        info={"eval_key": key, "sample": s, "task_index": ti,
-                              "split": envs_proto[env_id]["split"]}))
+        finished = {k for k, t in load_episodes(out).items() if t.error is None or not config.retry_errors}
+        requests = _requests(plan, envs_proto, config, finished)
         total = len(plan) * len(config.seeds) * config.samples
         n_done = total - len(requests)
         if progress is not None:
@@ -328,29 +353,23 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
         runner_policy = micro_batch(policy, max_batch=config.concurrency, runtime=runtime) if batch else policy
         wf = MultiTurnWorkflow(runner_policy, 1, sampling=config.sampling(), limits=config.limits(),
                                token_mode=config.token_mode, history_window=config.history_window)
-        path = out / EPISODES_FILE
 
-        def on_group(req: GroupRequest, group: TrajectoryGroup) -> None:
+        def on_group(req: GroupRequest, group: TrajectoryGroup) -> None:  # each episode is kept as it finishes
             nonlocal n_done
-            trajs = group.trajectories
-            for t in trajs:
+            for t in group.trajectories:
                 t.info.update(req.info)
-                t.info["eval_key"] = req.info["eval_key"]
-            append_jsonl(path, trajs)
-            n_done += len(trajs)
+            append_jsonl(out / EPISODES_FILE, group.trajectories)
+            n_done += len(group.trajectories)
             if progress is not None:
-                for t in trajs:
+                for t in group.trajectories:
                     progress(n_done, total, t)
 
         complete = False
         try:
             await RolloutEngine(runtime).run(wf, requests, on_group=on_group)
             complete = True
-        finally:
-            summary = summarize(load_episodes(out).values(), config, protocol, plan_keys=_plan_keys(plan, config))
-            summary["complete"] = complete
-            summary["run_wall_s"] = time.monotonic() - t_start
-            (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
+        finally:  # also when interrupted: the summary of what finished, marked incomplete
+            summary = _write_summary(out, config, protocol, plan, complete=complete, wall_s=time.monotonic() - t_start)
         return summary
     finally:
         runtime.close(wait=False)
@@ -358,14 +377,41 @@ async def arun_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
 
 def run_eval(policy: Policy, config: EvalConfig, out: str | Path, *,
              progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Evaluate ``policy`` under ``config`` into ``out``; returns the summary dict.
+    """Evaluate ``policy`` under the protocol ``config``, writing into ``out``: what ``agentgym eval`` runs.
 
     Example::
 
         from agentgym.eval import EvalConfig, run_eval
-        from agentgym.policies.scripted import ExpertPolicy
-        s = run_eval(ExpertPolicy(), EvalConfig(["agentgym/Demo-v0"], tasks=5), "runs/demo-expert")
-        s["envs"]["agentgym/Demo-v0"]["success"]["mean"]
+        from agentgym.policies import from_spec
+
+        policy = from_spec("hf:smollm2-135m-instruct")     # or "vllm:...", "openai:URL#model", "expert"
+        config = EvalConfig(["agentgym/Demo-v0"], split="test", tasks=8, samples=2, seeds=[0, 1], max_turns=8)
+        summary = run_eval(policy, config, "runs/demo-smollm2")
+        print(summary["envs"]["agentgym/Demo-v0"]["success"])   # {"mean", "ci95", "per_seed", ...}
+
+    Rerunning into the same ``out`` with the same protocol resumes: finished episodes are kept and
+    only the rest run (more seeds or tasks may be added). The caller owns ``policy`` (close it with
+    ``await policy.aclose()``, or use it as an async context manager). Inside a running event loop,
+    ``await`` :func:`arun_eval` instead.
+
+    Args:
+        policy: Any :class:`~agentgym.policy.Policy` (build one from a spec string with
+            :func:`agentgym.policies.from_spec`).
+        config: The protocol: envs, split, tasks, samples, seeds, limits, sampling.
+        out: Output directory: ``episodes.jsonl`` (one trajectory per episode, appended as each
+            finishes), ``summary.json`` (the returned dict) and ``run.json`` (the protocol).
+        progress: Called as ``progress(done, total, trajectory)`` after each episode (``trajectory``
+            is ``None`` for the initial call).
+
+    Returns:
+        The summary: ``envs`` (per env: ``success`` and ``reward`` with 95% CIs over seeds,
+        ``pass_at_k``, ``turns``, ``tokens``, ``parse_errors``, ``truncated_reasons``, ``errors``,
+        ``timings``, ``by_task_type``, ``tasks`` loaded/skipped/evaluated), ``overall``, ``protocol``,
+        ``expected_episodes``, ``finished_episodes``, ``complete`` and ``run_wall_s``.
+
+    Raises:
+        ConfigurationError: an unknown env id (:class:`~agentgym.errors.UnknownEnvError`), a split an
+            env lacks, or ``out`` holding a run with another protocol.
     """
     return asyncio.run(arun_eval(policy, config, out, progress=progress))
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import logging
 import os
 import re
@@ -47,8 +46,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.core import AgentEnv, StepResult
-from agentgym.errors import ConfigurationError, EnvError, SandboxUnavailable, ValidationError
-from agentgym.loading import LoadReport
+from agentgym.errors import ConfigurationError, EnvError, SandboxUnavailable
+from agentgym.loading import LoadReport, read_rows
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
@@ -90,31 +89,6 @@ def _script_dir_for(file: Path) -> Path:
         if cand.is_dir():
             return cand.resolve()
     return d
-
-
-def _read_rows(p: Path) -> list[Any]:
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValidationError(f"{ENV}: cannot read {str(p)!r}: {e}") from e
-    if p.suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValidationError(f"{ENV}: {p.name} line {n} is not JSON: {e}") from e
-        return rows
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValidationError(f"{ENV}: {p.name} is not JSON: {e}") from e
-    if isinstance(data, dict):
-        return [data]
-    if not isinstance(data, list):
-        raise ValidationError(f"{ENV}: {p.name} must hold a task object or a list of them.")
-    return data
 
 
 class _Skip(Exception):
@@ -210,7 +184,7 @@ def load_os_tasks(path: str | os.PathLike[str], *, script_dir: str | os.PathLike
     for f in files:
         sdir = Path(script_dir).expanduser() if script_dir is not None else _script_dir_for(f)
         rel = f.relative_to(base).with_suffix("").as_posix()
-        for i, item in enumerate(_read_rows(f)):
+        for i, item in enumerate(read_rows(f, source=ENV)):
             try:
                 data = _task_data(item, sdir)
             except _Skip as e:

@@ -3,13 +3,56 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from typing import Any
 
 from agentgym.core import AgentEnv, StepResult
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
-__all__ = ["GuessNumberEnv"]
+__all__ = ["GuessNumberEnv", "expert_guess", "expert_reply"]
+
+_GUESS = re.compile(r'"n":\s*(-?\d+)')
+
+
+def _guess_of(message: Message | dict[str, Any]) -> int | None:
+    """The number an assistant message guessed: a structured tool call, or ``"n": N`` in its text."""
+    for call in message.get("tool_calls") or []:
+        function: Any = call.get("function") or {}
+        args = call.get("arguments", function.get("arguments"))
+        if isinstance(args, str):
+            found = _GUESS.search(args)
+            return int(found.group(1)) if found else None
+        if isinstance(args, dict) and isinstance(args.get("n"), int):
+            return int(args["n"])
+    found = _GUESS.search(message.get("content") or "")
+    return int(found.group(1)) if found else None
+
+
+def expert_guess(messages: Sequence[Message | dict[str, Any]], high: int = 63) -> int:
+    """The binary-search expert's next guess, read from the conversation alone.
+
+    Each ``higher``/``lower`` answer narrows ``[lo, hi]`` around the guess before it. This is the
+    env's expert for a player that sees only the messages (a scripted policy, a benchmark), where
+    :meth:`GuessNumberEnv.expert_action` reads the env's own state.
+    """
+    lo, hi, last = 0, high, None
+    for m in messages:
+        if m["role"] == "assistant":
+            last = _guess_of(m)
+        elif m["role"] == "tool" and last is not None:
+            if m["content"] == "higher":
+                lo = max(lo, last + 1)
+            elif m["content"] == "lower":
+                hi = min(hi, last - 1)
+    return (lo + hi) // 2
+
+
+def expert_reply(messages: Sequence[Message | dict[str, Any]], high: int = 63) -> str:
+    """:func:`expert_guess` as the assistant's hermes tool call (``<tool_call>{...}</tool_call>``)."""
+    call = {"name": "guess", "arguments": {"n": expert_guess(messages, high)}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
 
 
 class GuessNumberEnv(AgentEnv):
@@ -37,7 +80,7 @@ class GuessNumberEnv(AgentEnv):
             + self.parser.format_instructions(self.tools)
         )
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self._lo, self._hi = 0, self.high
         return [
             {"role": "system", "content": self.system_prompt()},
@@ -70,11 +113,11 @@ class GuessNumberEnv(AgentEnv):
         self.finish(0.0, False)
         return f"The secret was {self.task.data['secret'] if self.task else '?'}."
 
-    def _on_command(self, command: str) -> StepResult:
+    def on_command(self, command: str) -> StepResult:
         # react parser with a bare number: treat as a guess, so the demo also works in text mode
         if command.strip().lstrip("-").isdigit():
-            return self._run_tool_calls([{"id": "call_0", "name": "guess", "arguments": {"n": int(command)}}])
-        return super()._on_command(command)
+            return self.run_tool_calls([{"id": "call_0", "name": "guess", "arguments": {"n": int(command)}}])
+        return super().on_command(command)
 
     def expert_action(self) -> str:
         mid = (self._lo + self._hi) // 2

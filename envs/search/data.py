@@ -18,7 +18,7 @@ from agentgym.envs.search.remote import parse_contents
 from agentgym.envs.search.retrieval import Passage
 
 from agentgym.errors import DependencyNotInstalled, ValidationError
-from agentgym.loading import LoadReport
+from agentgym.loading import LoadReport, read_rows
 
 __all__ = ["QARecord", "iter_wiki_corpus", "load_questions", "load_wiki_corpus"]
 
@@ -95,17 +95,7 @@ def _read_rows(p: Path) -> list[dict[str, Any]]:
         except ImportError:
             raise DependencyNotInstalled("Reading parquet question files", "pyarrow") from None
         return list(pq.read_table(p).to_pylist())
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".json" and text.lstrip().startswith("["):
-        return list(json.loads(text))
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValidationError(f"{p}:{lineno}: not valid JSON ({e}).") from None
-    return rows
+    return read_rows(p)
 
 
 def load_questions(path: str | os.PathLike[str], limit: int | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from agentgym.envs.search.retrieval import INDEX_VERSION, DocStore, Hit, Passage, _read_meta
+from agentgym.envs.search.store import INDEX_VERSION, DocStore, Hit, Passage, read_meta
 
 from agentgym.errors import ConfigurationError, DependencyNotInstalled
 
@@ -158,7 +158,7 @@ class DenseIndex:
         """Load a saved dense index; ``mmap=True`` memory-maps the faiss file and the passages."""
         faiss = _faiss()
         root = Path(path)
-        meta = _read_meta(root)
+        meta = read_meta(root)
         flags = faiss.IO_FLAG_MMAP if mmap else 0
         index = faiss.read_index(str(root / "dense.faiss"), flags)
         model = str(meta.get("model", DEFAULT_MODEL))

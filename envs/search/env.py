@@ -233,7 +233,7 @@ class SearchEnv(AgentEnv):
             "year), or write <answer>...</answer>. " + self.parser.format_instructions(self.tools)
         )
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self._search_log = []
         self._retrieval_failure = None
         self._expert = {}
@@ -296,27 +296,27 @@ class SearchEnv(AgentEnv):
         return f"Answer submitted: {answer.strip()[:200]!r}."
 
     # ------------------------------------------------------------------ dispatch
-    def _run_tool_calls(self, calls: list[ToolCall]) -> StepResult:
-        result = super()._run_tool_calls(calls)
+    def run_tool_calls(self, calls: list[ToolCall]) -> StepResult:
+        result = super().run_tool_calls(calls)
         if self._retrieval_failure is not None:
             result.truncated = True
             result.info["retrieval_error"] = self._retrieval_failure
         return result
 
-    def _on_text(self, text: str) -> StepResult:
+    def on_text(self, text: str) -> StepResult:
         a, s = _ANSWER_TAG.search(text), _SEARCH_TAG.search(text)
         if a and (not s or a.start() < s.start()):
             content = self._submit(a.group(1))
             return StepResult([{"role": "user", "content": content}])
         if s:
-            res = self._run_tool_calls([{"id": "call_0", "name": "search", "arguments": {"query": s.group(1)}}])
+            res = self.run_tool_calls([{"id": "call_0", "name": "search", "arguments": {"query": s.group(1)}}])
             body = res.messages[0]["content"]
             res.messages = [{"role": "user", "content": f"<information>{body}</information>"}]
             return res
-        return self._format_error("no tool call and no <answer>...</answer> found")
+        return self.format_error("no tool call and no <answer>...</answer> found")
 
-    def _on_command(self, command: str) -> StepResult:
-        return self._on_text(command)
+    def on_command(self, command: str) -> StepResult:
+        return self.on_text(command)
 
     # ------------------------------------------------------------------ expert
     def expert_action(self) -> str | None:

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.errors import ConfigurationError, ValidationError
-from agentgym.loading import LoadReport
+from agentgym.loading import LoadReport, read_rows
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
@@ -513,30 +513,9 @@ class AgentBenchSQLEnv(BaseSQLEnv):
         self.last_check: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ loading
-    @staticmethod
-    def _entries(p: Path) -> list[Any]:
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValidationError(f"{ENV}: cannot read {str(p)!r}: {e}") from e
-        if p.suffix == ".json":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValidationError(f"{ENV}: {p.name} is not JSON: {e}") from e
-            return data if isinstance(data, list) else [data]
-        out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValidationError(f"{ENV}: {p.name} line {n} is not JSON: {e}") from e
-        return out
-
     def _load(self, p: Path, split: str) -> list[TaskSpec]:
         tasks: list[TaskSpec] = []
-        for i, e in enumerate(self._entries(p)):
+        for i, e in enumerate(read_rows(p, source=ENV)):
             where = f"{p.name} row {i}"
             if not isinstance(e, dict) or "description" not in e or "table" not in e:
                 raise ValidationError(f"{ENV}: {where} needs 'description' and 'table'.")
@@ -648,7 +627,7 @@ class AgentBenchSQLEnv(BaseSQLEnv):
             q += f"Additional table information about the question: {d['add_description']}\n"
         return q + "Question: " + str(d["question"])
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self.last_check = {}
         if self.db is not None:
             self.db.close()

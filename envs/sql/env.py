@@ -142,7 +142,7 @@ class BaseSQLEnv(AgentEnv):
         return ("Make the requested change with execute_sql, then call submit with no arguments "
                 "(or pass the change itself as query).")
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         if self.db is not None:
             self.db.close()
         kind = task.data.get("kind", "query")

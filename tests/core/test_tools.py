@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Literal
 
@@ -10,15 +11,20 @@ import pytest
 from agentgym.errors import ConfigurationError
 from agentgym.tools import ToolSet, parse_google_docstring, tool
 
+RELEASE = threading.Event()  # a hanging tool call returns only when the test sets this
 
-@tool(timeout_s=0.2)
+
+@tool(timeout_s=2.0)
 def slow(seconds: float) -> str:
-    """Sleep.
+    """Sleep, or hang until released (``seconds < 0``).
 
     Args:
         seconds: How long.
     """
-    time.sleep(seconds)
+    if seconds < 0:
+        RELEASE.wait(600)
+    else:
+        time.sleep(seconds)
     return "done"
 
 
@@ -82,10 +88,11 @@ def test_dispatch_ok_and_errors() -> None:
 
 def test_timeout_returns_an_observation() -> None:
     ts = ToolSet([slow])
-    t0 = time.perf_counter()
-    r = ts.call({"id": "1", "name": "slow", "arguments": {"seconds": 2}})
-    assert not r.ok and r.error_kind == "timeout" and "timed out" in r.content
-    assert time.perf_counter() - t0 < 1.0
+    try:  # the call hangs until released: returning at all is the deadline at work
+        r = ts.call({"id": "1", "name": "slow", "arguments": {"seconds": -1}})
+        assert not r.ok and r.error_kind == "timeout" and "timed out after 2 s" in r.content
+    finally:
+        RELEASE.set()
     assert ts.call({"id": "1", "name": "slow", "arguments": {"seconds": 0}}).ok
 
 

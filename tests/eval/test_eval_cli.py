@@ -49,12 +49,12 @@ def test_eval_demo_expert_then_resume_then_report(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("extra", "message"), [
     (["--env", "agentgym/Demo-v9"], "Did you mean 'agentgym/Demo-v0'"),
     (["--env", "agentgym/Demo-v0", "--seeds", "a,b"], "seeds must be integers"),
-    (["--env", "agentgym/Demo-v0", "--tasks", "0"], "--tasks must be >= 1"),
+    (["--env", "agentgym/Demo-v0", "--tasks", "0"], "--tasks: Input should be greater than or equal to 1"),
     (["--env", "agentgym/Demo-v0", "--split", "nope"], "has no split 'nope'"),
-    (["--env", "agentgym/Demo-v0", "--history", "lots"], "--history must be 'full' or a number"),
+    (["--env", "agentgym/Demo-v0", "--history", "lots"], "--history: must be 'full' or a number"),
     (["--env", "agentgym/Demo-v0", "--parser", "xml"], "unknown parser 'xml'"),
     (["--env", "agentgym/Demo-v0", "--policy", "py:nosuchmodule:x"], "cannot import x from nosuchmodule"),
-    (["--env", "agentgym/Demo-v0", "--env-workers", "fork"], "env_workers must be 'thread' or 'process'"),
+    (["--env", "agentgym/Demo-v0", "--env-workers", "fork"], "--env-workers: Input should be 'thread' or 'process'"),
 ])
 def test_invalid_arguments_get_clear_messages(tmp_path: Path, extra: list[str], message: str) -> None:
     args = ["eval", "--policy", "expert", "--out", str(tmp_path / "o"), "-q", *extra]
@@ -199,7 +199,7 @@ def test_deadline_stops_the_run_and_it_resumes(tmp_path: Path) -> None:
 def test_bad_timeouts_are_rejected(tmp_path: Path) -> None:
     for opt in ("--request-timeout", "--deadline"):
         r = run("eval", "--env", "agentgym/Demo-v0", "--policy", "expert", "--out", str(tmp_path / "o"), opt, "0", "-q")
-        assert r.returncode == 2 and "positive number of seconds" in " ".join(r.stderr.split()), r.stderr
+        assert r.returncode == 2 and f"{opt}: Input should be greater than 0" in " ".join(r.stderr.split()), r.stderr
 
 
 def test_eval_records_and_prints_loaded_and_skipped_tasks(tmp_path: Path) -> None:

@@ -103,7 +103,8 @@ async def test_protocol_mismatch_refuses_to_resume(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kw", "match"), [
-    ({"samples": 0}, "--samples"), ({"tasks": 0}, "--tasks"), ({"seeds": []}, "seed"),
+    ({"samples": 0}, "samples: Input should be greater than or equal to 1"), ({"tasks": 0}, "tasks: "),
+    ({"seeds": []}, "seed"),
     ({"seeds": [1, 1]}, "distinct"), ({"parser": "xml"}, "unknown parser"), ({"split": "nope"}, "no split 'nope'"),
     ({"temperature": -1.0}, "temperature"),
 ])

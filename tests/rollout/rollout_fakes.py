@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentgym.envs.demo import expert_reply
+
 from agentgym.core import AgentEnv
 from agentgym.errors import PolicyError, TokenizationError
 from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle
@@ -43,7 +45,7 @@ class CounterEnv(AgentEnv):
         ts = [TaskSpec(f"ok-{n}", split, "even" if n % 2 == 0 else "odd", {"target": n}) for n in range(1, 9)]
         return [*ts, TaskSpec("boom", split, "broken", {"target": 1})]
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self.ticks = 0
         return [{"role": "system", "content": "Tick, then submit."},
                 {"role": "user", "content": f"Tick {task.data['target']} times, then submit."}]
@@ -241,15 +243,7 @@ class DemoPlayer(FakePolicy):
             await asyncio.sleep(self.latency)
         out = []
         for r in requests:
-            lo, hi, last = 0, 63, None
-            for m in r.messages or []:
-                if m["role"] == "assistant":
-                    g = re.search(r'"n":\s*(-?\d+)', m["content"])
-                    last = int(g.group(1)) if g else None
-                elif m["role"] == "tool" and last is not None:
-                    lo, hi = (max(lo, last + 1), hi) if m["content"] == "higher" else (lo, min(hi, last - 1)) \
-                        if m["content"] == "lower" else (lo, hi)
-            text = f'<tool_call>{{"name": "guess", "arguments": {{"n": {(lo + hi) // 2}}}}}</tool_call>'
+            text = expert_reply(r.messages or [])
             out.append(Generation(text=text, token_ids=[1, 2, 3], logprobs=[-0.1] * 3))
         return out
 

@@ -28,7 +28,7 @@ class TinyRecallEnv(AgentEnv):
     def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
         return [TaskSpec(f"{split}-{k}", split, "recall", {"key": k}) for k in KEYS]
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         return [{"role": "user", "content": f"key[{task.data['key']}]"}]
 
     @tool

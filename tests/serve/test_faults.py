@@ -4,14 +4,13 @@ pooling over several servers that skips dead ones."""
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+from agentgym.envs.demo import expert_reply
 from agentgym.policies.scripted import ScriptedPolicy
 
 from agentgym.errors import EnvServerError
@@ -44,21 +43,6 @@ def test_500_concurrent_sessions_do_not_mix(serve_process: Any) -> None:
     RemoteEnv(srv.url, retries=0).close()  # closed sessions free their slots
 
 
-def _binary_search(messages: list[dict[str, Any]]) -> str:
-    """The Demo env's optimal player, from the conversation alone (a ScriptedPolicy)."""
-    lo, hi, last = 0, 63, None
-    for m in messages:
-        if m["role"] == "assistant":
-            found = re.search(r'"n":\s*(-?\d+)', m.get("content") or "")
-            last = int(found.group(1)) if found else None
-        elif m["role"] == "tool" and last is not None:
-            if m["content"] == "higher":
-                lo = last + 1
-            elif m["content"] == "lower":
-                hi = last - 1
-    return f'<tool_call>{json.dumps({"name": "guess", "arguments": {"n": (lo + hi) // 2}})}</tool_call>'
-
-
 async def test_server_killed_mid_episode_ends_those_episodes_and_the_run_goes_on(serve_process: Any) -> None:
     a, b = serve_process(["agentgym/Demo-v0"]), serve_process(["agentgym/Demo-v0"])
     pool = RemotePool([a.url, b.url], cooldown_s=30)
@@ -76,7 +60,7 @@ async def test_server_killed_mid_episode_ends_those_episodes_and_the_run_goes_on
             if not killed:
                 a.kill()
                 killed.append(time.monotonic())
-        return _binary_search(messages)
+        return expert_reply(messages)
 
     runtime = RolloutRuntime(max_concurrency=8, env_factory=remote_env_factory(pool))
     wf = MultiTurnWorkflow(ScriptedPolicy(policy), limits=RolloutLimits(env_timeout_s=60))

@@ -18,7 +18,7 @@ class EchoEnv(AgentEnv):
     def tasks(self, split="train"):
         return [TaskSpec(f"{split}-{i}", split, data={"phrase": p}) for i, p in enumerate(PHRASES)]
 
-    def _reset_task(self, task):
+    def reset_task(self, task):
         how = "in capital letters" if self.loud else "exactly"
         return [{"role": "user", "content": f"Call echo with the phrase {task.data['phrase']!r} {how}."}]
 
