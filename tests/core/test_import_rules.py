@@ -88,9 +88,6 @@ KNOWN_VIOLATIONS: set[str] = {
     # weights engineer: runtime.py imports ray_runtime.py (make_runtime) and ray_runtime.py imports
     # runtime.py (publish_to, ServiceSpec); a dataflow/spec.py below both breaks it.
     "cycle: agentgym.dataflow.ray_runtime <-> agentgym.dataflow.runtime",
-    # serve engineer: client.py imports pool.py (RemotePool) and pool.py imports client.py (RemoteEnv);
-    # the pool becomes pure bookkeeping with its factory in the client.
-    "cycle: agentgym.serve.client <-> agentgym.serve.pool",
 }
 
 
