@@ -201,6 +201,11 @@ def env_entry(env_id: str) -> EnvEntry:
     return _ENTRIES[_resolve_id(env_id)]
 
 
+def spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
+    """gymnasium's spec for an id (``"SQL-v0"`` and ``"agentgym/SQL-v0"`` both work; did-you-mean otherwise)."""
+    return gymnasium.spec(_resolve_id(env_id))
+
+
 def make(env_id: str, /, **kwargs: Any) -> gymnasium.Env[Any, Any]:
     """``gymnasium.make`` with a did-you-mean for unknown ids.
 

@@ -248,7 +248,7 @@ class ALFWorldEnv(AgentEnv):
             "A command that cannot be carried out gives 'Nothing happens.'"
         )
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         data = task.data
         spec = S.load_scene(data["scene"]) if "scene" in data else S.generate_scene(data)
         self._build(spec)
@@ -318,21 +318,21 @@ class ALFWorldEnv(AgentEnv):
         """
         return self._execute(action)
 
-    def _on_command(self, command: str) -> StepResult:
+    def on_command(self, command: str) -> StepResult:
         if self.action_mode == "tool":
-            return super()._on_command(command)
+            return super().on_command(command)
         return StepResult([{"role": "user", "content": self._execute(command)}])
 
-    def _run_tool_calls(self, calls: list[Any]) -> StepResult:
+    def run_tool_calls(self, calls: list[Any]) -> StepResult:
         if self.action_mode == "tool":
-            return super()._run_tool_calls(calls)
+            return super().run_tool_calls(calls)
         # text mode has no tools: "name[arg]" or structured calls are just unknown commands
         self.count("invalid_actions")
         return StepResult([{"role": "user", "content": NOTHING}])
 
-    def _on_text(self, text: str) -> StepResult:
+    def on_text(self, text: str) -> StepResult:
         if self.action_mode == "tool":
-            return super()._on_text(text)
+            return super().on_text(text)
         return StepResult([{"role": "user", "content": self._execute(text)}])
 
     def _execute(self, command: str) -> str:

@@ -124,7 +124,7 @@ class ALFWorldTWEnv(AgentEnv):
             "A command that cannot be carried out gives 'Nothing happens.'"
         )
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         tw = self._textworld
         atw = self._atw
         if self._tw is not None:
@@ -147,13 +147,13 @@ class ALFWorldTWEnv(AgentEnv):
         msgs.append({"role": "user", "content": text})
         return msgs
 
-    def _on_command(self, command: str) -> StepResult:
+    def on_command(self, command: str) -> StepResult:
         return self._play(command)
 
-    def _on_text(self, text: str) -> StepResult:
+    def on_text(self, text: str) -> StepResult:
         return self._play(text)
 
-    def _run_tool_calls(self, calls: list[Any]) -> StepResult:
+    def run_tool_calls(self, calls: list[Any]) -> StepResult:
         return self._play("")
 
     def _play(self, command: str) -> StepResult:

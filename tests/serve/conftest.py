@@ -32,7 +32,7 @@ class ServeTestEnv(AgentEnv):
     def tasks(self, split: str = "train") -> list[TaskSpec]:
         return [TaskSpec(f"{split}-{i}", split, "t", {"n": i}) for i in range(4)]
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         return [{"role": "user", "content": f"task {task.task_id}"}]
 
     @tool
@@ -45,13 +45,13 @@ class ServeTestEnv(AgentEnv):
         self.finish(1.0, True)
         return "ok"
 
-    def _on_text(self, text: str) -> StepResult:
+    def on_text(self, text: str) -> StepResult:
         if text.startswith("sleep "):
             time.sleep(float(text.split()[1]))
             return StepResult([{"role": "user", "content": "slept"}])
         if text == "crash":
             raise RuntimeError("boom at /very/secret/path")
-        return super()._on_text(text)
+        return super().on_text(text)
 
     def expert_action(self) -> str:
         return '<tool_call>{"name": "done", "arguments": {"answer": 1}}</tool_call>'
