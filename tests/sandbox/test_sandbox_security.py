@@ -8,6 +8,7 @@ import resource
 import socket
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -438,3 +439,22 @@ def test_process_backend_refuses_to_run_programs_as_root() -> None:
         assert box.drop_privileges and box.run("import os\nprint(os.geteuid())").stdout.strip() != "0"
     finally:
         box.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_docker_runs_cannot_grow_a_log_file_on_the_host(box_factory: Callable[[str], Sandbox]) -> None:
+    """A run can write to PID 1's stdout (same uid): Docker would keep all of it in a JSON log on the
+    host's disk (10 MB written became 60 MB of log). The containers keep no log at all."""
+    box = box_factory("docker")
+    r = box.run("head -c 20000000 /dev/zero > /proc/1/fd/1; head -c 20000000 /dev/zero > /proc/1/fd/2; echo wrote",
+                language="bash", timeout_s=30)
+    assert "wrote" in r.stdout, r.summary(300)
+    api = box._client.api  # type: ignore[attr-defined]
+    for cid in list(box._live):  # type: ignore[attr-defined]
+        info = api.inspect_container(cid)
+        assert info["HostConfig"]["LogConfig"]["Type"] == "none"
+        path = info.get("LogPath") or ""
+        grown = os.path.getsize(path) if path and os.path.exists(path) else 0
+        assert grown < 1 << 20, f"the container's log on the host holds {grown} bytes"
+    _still_works(box)
