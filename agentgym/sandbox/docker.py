@@ -46,11 +46,12 @@ from agentgym.sandbox.base import (
     ExecResult,
     Files,
     Language,
+    Session,
     encode_request,
     looks_oom,
 )
 
-__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "DockerSession", "ExecOutput", "docker_available", "exec_with_deadline",
+__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "ExecOutput", "docker_available", "exec_with_deadline",
            "remove_stale_containers"]
 
 DEFAULT_IMAGE = "agentgym-empty:latest"
@@ -197,40 +198,6 @@ def exec_with_deadline(api: Any, container_id: str, cmd: list[str], *, deadline:
                 f.close()
     code = api.exec_inspect(ex["Id"]).get("ExitCode") if exit_code else None
     return ExecOutput(bytes(streams[1]), bytes(streams[2]), int(code) if isinstance(code, int) else None)
-
-
-class DockerSession:
-    """Runs sharing one directory, in one container held for the session."""
-
-    def __init__(self, box: DockerSandbox) -> None:
-        self._box = box
-        self._container = box._take()
-        self._dir = f"/work/session-{uuid.uuid4().hex[:12]}"
-
-    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
-            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
-        if self._container is None:
-            raise SandboxError("this DockerSession is closed")
-        res, ok = self._box._exec(self._container, program, language=language, stdin=stdin, files=files,
-                                  timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-                                  workdir=self._dir)
-        if not ok:  # the container could not be cleaned up: carry on in a fresh one (the files are lost)
-            self._box._discard(self._container)
-            self._container = self._box._take()
-            res.stderr += "\n[the sandbox was reset: files of earlier runs are gone]"
-        return res
-
-    def close(self) -> None:
-        if self._container is not None:
-            self._box._discard(self._container)
-            self._container = None
-
-    def __enter__(self) -> DockerSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class DockerSandbox:
@@ -445,9 +412,22 @@ class DockerSandbox:
             return False
         return raw is not None and raw.rstrip().endswith(_MARKER + b"{}")
 
-    def session(self) -> DockerSession:
+    def session(self) -> Session:
         """A session whose directory persists between runs; holds one container until closed."""
-        return DockerSession(self)
+        held = [self._take()]
+        workdir = f"/work/session-{uuid.uuid4().hex[:12]}"
+
+        def run(program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult:
+            res, ok = self._exec(held[0], program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=workdir)
+            if not ok:  # the container could not be cleaned up: carry on in a fresh one (the files are lost)
+                self._discard(held[0])
+                held[0] = self._take()
+                res.stderr += "\n[the sandbox was reset: files of earlier runs are gone]"
+            return res
+
+        return Session(self.name, run, lambda: self._discard(held[0]))
 
     def close(self) -> None:
         """Remove every container this sandbox started."""
