@@ -268,18 +268,14 @@ def seal() -> dict[str, object]:
     # /etc: the agent's, with the files and directories that load code pinned to the image's
     ensure_dir("/etc")
     mount("/etc", "/etc", None, MS_BIND)  # a mount point now: it cannot be renamed away while checks run
-    for name in ETC_FILE_PINS:
-        src = f"{PRISTINE}/etc/{name}"
-        if not (os.path.isfile(src) and not os.path.islink(src)):
-            src = f"{pins}/empty-file"
-        ensure_file(f"/etc/{name}")
-        bind_ro(src, f"/etc/{name}")
-    for name in ETC_DIR_PINS:
-        src = f"{PRISTINE}/etc/{name}"
-        if not (os.path.isdir(src) and not os.path.islink(src)):
-            src = f"{pins}/empty-dir"
-        ensure_dir(f"/etc/{name}")
-        bind_ro(src, f"/etc/{name}")
+    for names, is_kind, ensure, empty in ((ETC_FILE_PINS, os.path.isfile, ensure_file, "empty-file"),
+                                          (ETC_DIR_PINS, os.path.isdir, ensure_dir, "empty-dir")):
+        for name in names:
+            src = f"{PRISTINE}/etc/{name}"
+            if not (is_kind(src) and not os.path.islink(src)):
+                src = f"{pins}/{empty}"  # the image has none: pinned empty, so the agent cannot add one
+            ensure(f"/etc/{name}")
+            bind_ro(src, f"/etc/{name}")
     # every other top-level directory stays writable; the top level itself becomes read-only
     for name in sorted(os.listdir("/")):
         path = "/" + name
