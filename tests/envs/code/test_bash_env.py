@@ -187,3 +187,28 @@ def test_an_episode_cannot_fill_the_host_disk() -> None:
         assert grown < 300 << 20, f"the host's disk use grew by {grown >> 20} MB"  # other tests may write too
     finally:
         env.close()
+
+
+def test_a_script_check_cannot_be_forged_from_the_session() -> None:
+    """Bash-v0's script checks run as one more sandbox run in the episode's session: the agent cannot
+    replace the programs they call (read-only system), change their environment (every run starts
+    clean; rc files are not read), or leave a process that acts during them (none survives a run).
+    Each attempt below leaves the task undone, so the check must fail."""
+    task = TaskSpec("t", "train", "x", {"init": "echo 3 > data.txt", "question": "q", "expert": "true",
+                                        "check": {"type": "script", "script": 'test "$(cat result.txt)" = 3'}})
+    env = BashEnv(tasks=[task])
+    try:
+        env.reset()
+        for cmd in ["printf '#!/bin/sh\\nexit 0\\n' > /usr/bin/test; printf 'exit 0\\n' > /usr/bin/cat",
+                    "export BASH_ENV=/work/rc; echo 'exit 0' > rc; echo 'exit 0' > .bashrc; echo 'exit 0' > .profile",
+                    "mkdir -p bin && printf '#!/bin/sh\\necho 3\\n' > bin/cat && chmod +x bin/cat && export PATH=/work/bin:$PATH",
+                    "(while :; do echo 3 > result.txt.tmp; sleep 0.05; done) & disown; echo started"]:
+            env.step('<tool_call>' + json.dumps({"name": "bash", "arguments": {"cmd": cmd}}) + '</tool_call>')
+        _, reward, *_ = env.step('<tool_call>{"name": "answer", "arguments": {"text": "done"}}</tool_call>')
+        assert reward == 0.0
+        env.reset()  # control: doing the task passes the same check
+        env.step('<tool_call>{"name": "bash", "arguments": {"cmd": "cp data.txt result.txt"}}</tool_call>')
+        _, reward, *_ = env.step('<tool_call>{"name": "answer", "arguments": {"text": "done"}}</tool_call>')
+        assert reward == 1.0
+    finally:
+        env.close()
