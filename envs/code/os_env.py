@@ -292,7 +292,8 @@ class OSEnv(AgentEnv):
             AgentBench's ``data/os_interaction/data/dev.json`` or ``data/os_interaction/data/[1-7]/*.json``.
         script_dir: Where ``{"file": ...}`` scripts live (default: AgentBench's layout, see :func:`load_os_tasks`).
         split: The split name the tasks get.
-        image: A Docker image to use instead of the locally built one (it needs bash, coreutils, python3).
+        image: A Docker image to use instead of the locally built one (it needs bash, coreutils, python3 with
+            ctypes, and a ``/mnt`` directory: the guard runs from it too).
         memory_mb, cpus, pids_limit, file_mb: Container limits (AgentBench: 1 GiB; here 1 CPU, 256 processes,
             512 MiB per file).
         disk_mb: Everything written in the container together (a tmpfs over the read-only image, so it
