@@ -197,10 +197,22 @@ def kill_uid(uid: int, wait_s: float = 2.0) -> int:
         time.sleep(0.01)
 
 
+def mount_tmpfs(path: str, size_mb: int, uid: int | None) -> None:
+    """Root only: mount a tmpfs of ``size_mb`` on ``path`` (mode 0700, owned by ``uid``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    opts = f"size={int(size_mb)}m,mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
+    if libc.mount(b"tmpfs", path.encode(), b"tmpfs", ctypes.c_ulong(2 | 4), opts.encode()) != 0:  # nosuid, nodev
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
 def release_workdir(lease: UidLease | None, path: str) -> None:
-    """End a session: kill what its uid left running, give the uid back, delete the work dir."""
+    """End a session: kill what its uid left running, give the uid back, delete the work dir (and
+    unmount it first when it is a tmpfs of its own)."""
     import shutil
 
     if lease is not None:
         lease.release()
+    if os.path.ismount(path):
+        ctypes.CDLL(None, use_errno=True).umount2(path.encode(), 2)  # MNT_DETACH
     shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,8 @@ Three entry points (``python3 -I -S _worker.py MODE``):
   forks a *collector* that reads it, runs it and answers, so no program, stdin or output of one
   run is ever in the memory that later runs are forked from. Each run is PID 1 of a new PID
   namespace with its own mount and IPC namespaces and fresh size-capped tmpfs ``/work``, ``/tmp``
-  and ``/dev/shm``; the program runs in a grandchild with every capability dropped,
+  and ``/dev/shm`` (a session's runs, ``"session": true``, keep the worker's own ``/work``, so its
+  files persist, capped in total); the program runs in a grandchild with every capability dropped,
   ``no_new_privs`` and a seccomp filter. When the run's init exits the kernel kills whatever the
   program left running and the mounts and IPC objects vanish, so nothing survives a run.
 * ``boot``: one docker run (see :func:`boot`); ``kill``: clean a container whose run hung.
@@ -379,7 +380,8 @@ def _child(req, fds, status_w):
         _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(NEWNS|NEWIPC)")
         _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         size = f"size={int(req['file_mb'])}m,mode=0755".encode()
-        for mnt in (b"/work", b"/tmp"):
+        # a session's runs share the worker's own /work (a tmpfs of file_mb that lives as long as the worker)
+        for mnt in (b"/tmp",) if req.get("session") else (b"/work", b"/tmp"):
             _check(libc.mount(b"tmpfs", mnt, b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount {mnt!r}")
         shm = f"size={int(req['file_mb'])}m,mode=1777".encode()
         _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm), "mount /dev/shm")

@@ -14,9 +14,12 @@ import shutil
 import signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from agentgym.errors import SandboxError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -27,6 +30,7 @@ __all__ = [
     "Limits",
     "Sandbox",
     "SandboxSession",
+    "Session",
     "default_python",
     "looks_oom",
 ]
@@ -178,6 +182,49 @@ class SandboxSession(Protocol):
     ) -> ExecResult: ...
 
     def close(self) -> None: ...
+
+
+class RunInSession(Protocol):
+    """One run in a session's directory, as a backend performs it (the arguments of ``Sandbox.run``)."""
+
+    def __call__(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                 timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult: ...
+
+
+class Session:
+    """The one :class:`SandboxSession` of every backend: what they share, around what differs.
+
+    A backend's ``session()`` supplies ``run`` (one run in the session's directory, however the
+    backend keeps it) and ``release`` (free what the session holds: its directory, worker or
+    container, its uid). ``release`` runs once, on :meth:`close` or when the session is dropped
+    unclosed, so it must not refer to the session itself.
+    """
+
+    def __init__(self, backend: str, run: RunInSession, release: Callable[[], object]) -> None:
+        self.backend = backend
+        self._run = run
+        self._finalizer = weakref.finalize(self, release)
+
+    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
+        """Run ``program`` in the session's directory (see :meth:`Sandbox.run`)."""
+        if not self._finalizer.alive:
+            raise SandboxError(f"this {self.backend} session is closed")
+        if language not in ("python", "bash"):
+            raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
+        return self._run(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                         memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+
+    def close(self) -> None:
+        """Release the session's directory and everything it holds (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------------------- helpers

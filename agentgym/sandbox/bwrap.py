@@ -10,15 +10,19 @@ unprivileged uid that no other run holds at the same time (root ignores ``RLIMIT
 
 Two modes:
 
-* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms). A session's work dir
-  is a host directory bound as ``/work``; the host writes the run's files into it without ever
-  following a link a previous run planted there.
+* **cold** (``warm=False``): one ``bwrap`` process per run (about 20-30 ms).
 * **warm** (``warm=True``): a pool of pre-started sandboxed workers (:mod:`._worker`); each run
   is read and run by a process forked from the worker (so no request or output ever enters the
   memory later runs are forked from), in its own PID, mount and IPC namespaces with fresh tmpfs
   ``/work``, ``/tmp`` and ``/dev/shm``, capabilities dropped. No process, file or IPC object
   survives a run. Python programs run in a forked interpreter (``fresh_interpreter=True`` execs a
   new ``python3``).
+
+A **session** (either mode) is a worker of its own whose ``/work``, a tmpfs of ``file_mb``, lives
+as long as the session: its runs keep their files there, capped in total and never on the host's
+disk, and write them inside the sandbox (a link a previous run planted leads nowhere outside).
+Each run is otherwise a warm run (fresh PID, mount and IPC namespaces, ``/tmp``, ``/dev/shm``);
+python programs of a cold sandbox's session get a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from agentgym.errors import SandboxError, SandboxUnavailable
-from agentgym.sandbox._posix import UidLease, UidPool, is_root, make_preexec, release_workdir
-from agentgym.sandbox._worker import seccomp_program, write_files
+from agentgym.sandbox._posix import UidLease, UidPool, is_root, make_preexec
+from agentgym.sandbox._worker import seccomp_program
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -47,6 +51,7 @@ from agentgym.sandbox.base import (
     ExecResult,
     Files,
     Language,
+    Session,
     as_bytes,
     check_relpath,
     communicate,
@@ -57,7 +62,7 @@ from agentgym.sandbox.base import (
     result_from,
 )
 
-__all__ = ["BwrapSandbox", "BwrapSession", "bwrap_available"]
+__all__ = ["BwrapSandbox", "bwrap_available"]
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime", "/etc/ssl", "/etc/python3")
@@ -118,7 +123,7 @@ def _system_args() -> list[str]:
     return args
 
 
-def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None, die_with_parent: bool = True) -> list[str]:
+def _base_args(exe: str, python: str, file_mb: int, die_with_parent: bool = True) -> list[str]:
     args = [exe, "--unshare-all", "--unshare-user", "--new-session", "--hostname", "sandbox", *_system_args()]
     if die_with_parent:
         args.append("--die-with-parent")
@@ -129,48 +134,11 @@ def _base_args(exe: str, python: str, file_mb: int, workdir: str | None = None, 
         args += ["--ro-bind", prefix, prefix]
     size = str(file_mb * 1024 * 1024)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp"]
-    args += ["--bind", workdir, "/work"] if workdir else ["--size", size, "--tmpfs", "/work"]
+    args += ["--size", size, "--tmpfs", "/work"]
     args += ["--chdir", "/work", "--clearenv"]
     for k, v in _ENV.items():
         args += ["--setenv", k, v]
     return args
-
-
-class BwrapSession:
-    """Runs sharing one working directory (a host temp dir bound read-write as ``/work``)."""
-
-    def __init__(self, box: BwrapSandbox) -> None:
-        self._box = box
-        self._dir = tempfile.mkdtemp(prefix="agentgym-bwrap-session-")
-        self._lease: UidLease | None = box._uids.lease() if is_root() else None
-        self._uid = self._lease.uid if self._lease is not None else None
-        if self._uid is not None:
-            os.chown(self._dir, self._uid, self._uid)
-        os.chmod(self._dir, 0o700)
-        self._finalizer = weakref.finalize(self, release_workdir, self._lease, self._dir)
-
-    @property
-    def path(self) -> str:
-        """The host directory behind ``/work`` (for inspection by the env, never by the agent)."""
-        return self._dir
-
-    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
-            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
-        if not self._finalizer.alive:
-            raise SandboxError("this BwrapSession is closed")
-        return self._box._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
-                                   memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-                                   workdir=self._dir, uid=self._uid)
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> BwrapSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _Worker:
@@ -305,21 +273,36 @@ class BwrapSandbox:
                                   memory_mb=memory_mb, max_output_bytes=max_output_bytes)
         if not is_root():
             return self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
-                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None, uid=None)
+                                  memory_mb=memory_mb, max_output_bytes=max_output_bytes, uid=None)
         lease = self._uids.lease()
         clean = False
         try:
             res = self._run_cold(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
-                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=None, uid=lease.uid)
+                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, uid=lease.uid)
             # bwrap exited normally: its PID namespace, and every process in it, is gone
             clean = not (res.timed_out or res.truncated or res.exit_code is None)
             return res
         finally:
             lease.release(clean=clean)
 
-    def session(self) -> BwrapSession:
-        """A session whose ``/work`` persists between runs (cold runs; processes never persist)."""
-        return BwrapSession(self)
+    def session(self) -> Session:
+        """A session whose ``/work`` (a tmpfs of ``file_mb``) persists between runs; processes never do."""
+        held = [_Worker(self)]
+
+        def run(program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult:
+            req = encode_request(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, nproc=self.nproc,
+                                 file_mb=self.file_mb, fresh_interpreter=self.fresh_interpreter or not self.warm,
+                                 session=True)
+            res = self._ask(held[0], req, timeout_s)
+            if not held[0].alive():  # the worker is gone, and the session's files with it
+                held[0].kill()
+                held[0] = _Worker(self)
+                res.stderr += "\n[the sandbox was reset: files of earlier runs are gone]"
+            return res
+
+        return Session(self.name, run, lambda: held[0].kill())
 
     def close(self) -> None:
         """Stop the warm workers."""
@@ -334,9 +317,8 @@ class BwrapSandbox:
 
     # ------------------------------------------------------------------ cold
     def _run_cold(self, program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
-                  timeout_s: float, memory_mb: int, max_output_bytes: int, workdir: str | None,
-                  uid: int | None) -> ExecResult:
-        args = _base_args(self.exe, self.python, self.file_mb, workdir)
+                  timeout_s: float, memory_mb: int, max_output_bytes: int, uid: int | None) -> ExecResult:
+        args = _base_args(self.exe, self.python, self.file_mb)
         memfds: list[int] = []
         name = "main.sh" if language == "bash" else "main.py"
         try:
@@ -344,23 +326,15 @@ class BwrapSandbox:
             inline = language == "bash" and len(program) < _INLINE_MAX  # no script file in the work dir
             if not inline:
                 all_files[name] = program.encode("utf-8")
-            if workdir is not None:
-                # a session dir the program controls: written by the host, never through a link it planted
-                try:
-                    write_files(workdir, all_files, owner=uid)
-                except OSError as e:
-                    return ExecResult(stderr=f"sandbox: could not write the program's files: {e}", exit_code=126,
-                                      backend=self.name)
-            else:
-                for rel, data in all_files.items():
-                    fd = os.memfd_create("agentgym-file", 0)
-                    os.write(fd, data)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    memfds.append(fd)
-                    parent = os.path.dirname(rel)
-                    if parent:
-                        args += ["--dir", f"/work/{parent}"]
-                    args += ["--file", str(fd), f"/work/{rel}"]
+            for rel, data in all_files.items():
+                fd = os.memfd_create("agentgym-file", 0)
+                os.write(fd, data)
+                os.lseek(fd, 0, os.SEEK_SET)
+                memfds.append(fd)
+                parent = os.path.dirname(rel)
+                if parent:
+                    args += ["--dir", f"/work/{parent}"]
+                args += ["--file", str(fd), f"/work/{rel}"]
             seccomp = seccomp_program()
             if seccomp:
                 fd = os.memfd_create("agentgym-seccomp", 0)
@@ -423,13 +397,17 @@ class BwrapSandbox:
         req = encode_request(program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
                              memory_mb=memory_mb, max_output_bytes=max_output_bytes, nproc=self.nproc,
                              file_mb=self.file_mb, fresh_interpreter=self.fresh_interpreter)
-        t0 = time.monotonic()
         with self._worker(timeout_s) as w:
-            resp = w.request(req, timeout_s=timeout_s + 10.0)
-            if resp is None:  # the worker died or hung: replace it, report the run as failed
-                w.kill()
-                return ExecResult(stderr="sandbox worker died during the run", exit_code=None,
-                                  duration_s=time.monotonic() - t0, backend=self.name)
+            return self._ask(w, req, timeout_s)
+
+    def _ask(self, w: _Worker, req: Mapping[str, object], timeout_s: float) -> ExecResult:
+        """One run by worker ``w``; a worker that dies or hangs is killed and the run reported failed."""
+        t0 = time.monotonic()
+        resp = w.request(req, timeout_s=timeout_s + 10.0)
+        if resp is None:
+            w.kill()
+            return ExecResult(stderr="sandbox worker died during the run", exit_code=None,
+                              duration_s=time.monotonic() - t0, backend=self.name)
         if resp.get("error") and "exit_code" not in resp:
             raise SandboxError(f"warm bwrap worker failed: {resp['error']}")
         if resp.get("error"):

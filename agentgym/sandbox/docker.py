@@ -2,8 +2,9 @@
 
 Each container runs with ``network_mode="none"``, a read-only root filesystem, tmpfs ``/work``
 and ``/tmp``, a ``/dev/shm`` capped at ``file_mb``, a private IPC namespace, memory / CPU / pids
-limits, all capabilities dropped, ``no-new-privileges`` and an unprivileged uid that no other
-sandbox on the machine holds at the same time. Each run is one ``exec`` of a small bootstrap
+limits, all capabilities dropped, ``no-new-privileges``, no container log (a run can write to
+PID 1's output, which would otherwise grow a log file on the host without bound) and an
+unprivileged uid that no other sandbox on the machine holds at the same time. Each run is one ``exec`` of a small bootstrap
 (:mod:`._worker` in ``boot`` mode) that runs the program in a fresh directory under a seccomp
 filter, enforces the timeout and output cap, then kills every leftover process and wipes ``/tmp``,
 ``/dev/shm`` and System V IPC objects before the container goes back to the pool. The host reads
@@ -33,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, SandboxError, SandboxUnavailable
@@ -44,11 +46,13 @@ from agentgym.sandbox.base import (
     ExecResult,
     Files,
     Language,
+    Session,
     encode_request,
     looks_oom,
 )
 
-__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "DockerSession", "docker_available", "remove_stale_containers"]
+__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "ExecOutput", "docker_available", "exec_with_deadline",
+           "remove_stale_containers"]
 
 DEFAULT_IMAGE = "agentgym-empty:latest"
 LABEL = "agentgym.sandbox"
@@ -142,38 +146,58 @@ def remove_stale_containers(client: Any, label: str = LABEL) -> int:
     return removed
 
 
-class DockerSession:
-    """Runs sharing one directory, in one container held for the session."""
+@dataclass
+class ExecOutput:
+    """What a finished ``docker exec`` printed (each stream capped) and its exit code."""
 
-    def __init__(self, box: DockerSandbox) -> None:
-        self._box = box
-        self._container = box._take()
-        self._dir = f"/work/session-{uuid.uuid4().hex[:12]}"
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None
 
-    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
-            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
-        if self._container is None:
-            raise SandboxError("this DockerSession is closed")
-        res, ok = self._box._exec(self._container, program, language=language, stdin=stdin, files=files,
-                                  timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-                                  workdir=self._dir)
-        if not ok:  # the container could not be cleaned up: carry on in a fresh one (the files are lost)
-            self._box._discard(self._container)
-            self._container = self._box._take()
-            res.stderr += "\n[the sandbox was reset: files of earlier runs are gone]"
-        return res
 
-    def close(self) -> None:
-        if self._container is not None:
-            self._box._discard(self._container)
-            self._container = None
+def exec_with_deadline(api: Any, container_id: str, cmd: list[str], *, deadline: float, limit: int,
+                       environment: dict[str, str] | None = None, workdir: str | None = None,
+                       user: str = "", exit_code: bool = True) -> ExecOutput | None:
+    """Run ``cmd`` in a container; what it printed, or ``None`` if it has not finished by ``deadline``.
 
-    def __enter__(self) -> DockerSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    Reads Docker's multiplexed stream itself, with a deadline on every wait (the SDK's reader
+    polls without one), and never keeps more than ``limit`` bytes of each stream. A command
+    still running at the deadline is left to the caller to kill. ``exit_code=False`` skips the
+    extra API call that reads the exit code (it is then ``None``).
+    """
+    ex = api.exec_create(container_id, cmd, stdout=True, stderr=True, environment=environment, workdir=workdir,
+                         user=user)
+    sock = api.exec_start(ex["Id"], socket=True, demux=False)
+    raw_sock = getattr(sock, "_sock", sock)
+    buf = bytearray()
+    streams = {1: bytearray(), 2: bytearray()}
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([raw_sock], [], [], left)
+            if not ready:
+                return None
+            raw_sock.settimeout(max(0.1, left))
+            chunk = raw_sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= 8:
+                stream, size = struct.unpack(">BxxxL", bytes(buf[:8]))
+                if len(buf) < 8 + size:
+                    break
+                out = streams.get(stream)
+                if out is not None and len(out) < limit:
+                    out += buf[8 : 8 + min(size, limit - len(out))]
+                del buf[: 8 + size]
+    finally:
+        for f in (sock, raw_sock):  # the exec hijacked the connection: close the socket itself too
+            with contextlib.suppress(Exception):
+                f.close()
+    code = api.exec_inspect(ex["Id"]).get("ExitCode") if exit_code else None
+    return ExecOutput(bytes(streams[1]), bytes(streams[2]), int(code) if isinstance(code, int) else None)
 
 
 class DockerSandbox:
@@ -230,6 +254,8 @@ class DockerSandbox:
 
     # ------------------------------------------------------------------ containers
     def _start(self) -> Any:
+        from docker.types import LogConfig
+
         lease = self._uids.lease()
         uid = lease.uid
         size = f"size={self.file_mb}m,uid={uid},gid={uid},mode=0700"
@@ -256,6 +282,7 @@ class DockerSandbox:
                 ipc_mode="private",
                 shm_size=f"{self.file_mb}m",
                 hostname="sandbox",
+                log_config=LogConfig(type="none"),  # PID 1's stdout is writable by the run: no log file on the host
                 auto_remove=False,
             )
         except Exception as e:
@@ -371,41 +398,10 @@ class DockerSandbox:
                           duration_s=time.monotonic() - t0, backend=self.name), True
 
     def _run_exec(self, c: Any, cmd: list[str], deadline: float, limit: int) -> bytes | None:
-        """Run ``cmd`` in ``c``; its stdout, or ``None`` if it has not finished by ``deadline``.
-
-        Reads Docker's multiplexed stream itself, with a deadline on every wait (the SDK's reader
-        polls without one), and never keeps more than ``limit`` bytes.
-        """
-        api = self._client.api
-        ex = api.exec_create(c.id, cmd, stdout=True, stderr=True, workdir="/work")
-        sock = api.exec_start(ex["Id"], socket=True, demux=False)
-        raw_sock = getattr(sock, "_sock", sock)
-        buf = bytearray()
-        out = bytearray()
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                ready, _, _ = select.select([raw_sock], [], [], left)
-                if not ready:
-                    return None
-                raw_sock.settimeout(max(0.1, left))
-                chunk = raw_sock.recv(65536)
-                if not chunk:
-                    return bytes(out)
-                buf += chunk
-                while len(buf) >= 8:
-                    stream, size = struct.unpack(">BxxxL", bytes(buf[:8]))
-                    if len(buf) < 8 + size:
-                        break
-                    if stream == 1 and len(out) < limit:
-                        out += buf[8 : 8 + min(size, limit - len(out))]
-                    del buf[: 8 + size]
-        finally:
-            for f in (sock, raw_sock):  # the exec hijacked the connection: close the socket itself too
-                with contextlib.suppress(Exception):
-                    f.close()
+        """Run ``cmd`` in ``c``; its stdout, or ``None`` if it has not finished by ``deadline``."""
+        out = exec_with_deadline(self._client.api, c.id, cmd, deadline=deadline, limit=limit, workdir="/work",
+                                 exit_code=False)
+        return None if out is None else out.stdout
 
     def _kill_runs(self, c: Any, *, wipe_work: bool) -> bool:
         """Kill every process in ``c`` from a second exec and wipe its scratch space; False if that failed."""
@@ -416,9 +412,22 @@ class DockerSandbox:
             return False
         return raw is not None and raw.rstrip().endswith(_MARKER + b"{}")
 
-    def session(self) -> DockerSession:
+    def session(self) -> Session:
         """A session whose directory persists between runs; holds one container until closed."""
-        return DockerSession(self)
+        held = [self._take()]
+        workdir = f"/work/session-{uuid.uuid4().hex[:12]}"
+
+        def run(program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult:
+            res, ok = self._exec(held[0], program, language=language, stdin=stdin, files=files, timeout_s=timeout_s,
+                                 memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir=workdir)
+            if not ok:  # the container could not be cleaned up: carry on in a fresh one (the files are lost)
+                self._discard(held[0])
+                held[0] = self._take()
+                res.stderr += "\n[the sandbox was reset: files of earlier runs are gone]"
+            return res
+
+        return Session(self.name, run, lambda: self._discard(held[0]))
 
     def close(self) -> None:
         """Remove every container this sandbox started."""

@@ -13,12 +13,14 @@ into a directory a program controls.
 When the host runs as **root** the program always runs as a throw-away unprivileged uid held by
 this run alone (so it cannot read ``/root``, write the host's files or signal the host, and
 ``RLIMIT_NPROC`` applies), in new network and IPC namespaces (no network, no shared memory with
-anyone) with fresh, size-capped ``/tmp``, ``/var/tmp`` and ``/dev/shm``. Running untrusted code as
-root without dropping privileges is refused.
+anyone) with fresh, size-capped ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and a session's working
+directory is a tmpfs of ``file_mb`` (its files capped in total, never on the host's disk). Running
+untrusted code as root without dropping privileges is refused.
 
 What it does **not** do: hide the filesystem (the program sees the host's files that its uid may
 read). As an ordinary user it also cannot block the network, hide ``/tmp``, ``/dev/shm`` or System V
-IPC (they are shared with the host and persist), or stop the program from signalling the user's
+IPC (they are shared with the host and persist), cap a session's files in total (its working
+directory is on the host's disk; only each file is capped), or stop the program from signalling the user's
 other processes, including its supervisor (a program that kills its supervisor can leave processes
 behind). Use ``bwrap`` or ``docker`` for untrusted code whenever you can.
 """
@@ -41,7 +43,7 @@ import time
 import weakref
 
 from agentgym.errors import SandboxError
-from agentgym.sandbox._posix import UidLease, UidPool, is_root, kill_uid, release_workdir
+from agentgym.sandbox._posix import UidPool, is_root, kill_uid, mount_tmpfs, release_workdir
 from agentgym.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -49,6 +51,7 @@ from agentgym.sandbox.base import (
     ExecResult,
     Files,
     Language,
+    Session,
     as_bytes,
     check_relpath,
     communicate,
@@ -57,44 +60,10 @@ from agentgym.sandbox.base import (
     result_from,
 )
 
-__all__ = ["ProcessSandbox", "ProcessSession"]
+__all__ = ["ProcessSandbox"]
 
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
-
-
-class ProcessSession:
-    """Runs sharing one working directory (files persist; processes never do)."""
-
-    def __init__(self, box: ProcessSandbox) -> None:
-        self._box = box
-        self._lease: UidLease | None = box._uids.lease() if box.drop_privileges else None
-        self._uid = self._lease.uid if self._lease is not None else None
-        self._dir = box._make_dir(self._uid)
-        self._finalizer = weakref.finalize(self, release_workdir, self._lease, self._dir)
-
-    @property
-    def path(self) -> str:
-        """The working directory on the host."""
-        return self._dir
-
-    def run(self, program: str, *, language: Language = "python", stdin: str | bytes | None = None,
-            files: Files | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-            max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> ExecResult:
-        if not self._finalizer.alive:
-            raise SandboxError("this ProcessSession is closed")
-        res, _clean = self._box._run_in(self._dir, self._uid, program, language=language, stdin=stdin, files=files,
-                                        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
-        return res
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> ProcessSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class ProcessSandbox:
@@ -235,9 +204,26 @@ class ProcessSandbox:
                 os.close(fd)
         return _Run(pid, pidfd, st_r, in_w, out_r, err_r)
 
-    def session(self) -> ProcessSession:
-        """A session whose working directory persists between runs."""
-        return ProcessSession(self)
+    def session(self) -> Session:
+        """A session whose working directory persists between runs (as root: a tmpfs of ``file_mb``)."""
+        lease = self._uids.lease() if self.drop_privileges else None
+        uid = lease.uid if lease is not None else None
+        try:
+            workdir = self._make_dir(uid)
+            if self.drop_privileges:  # root: the session's files are capped in total, never on the host's disk
+                mount_tmpfs(workdir, self.file_mb, uid)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+
+        def run(program: str, *, language: Language, stdin: str | bytes | None, files: Files | None,
+                timeout_s: float, memory_mb: int, max_output_bytes: int) -> ExecResult:
+            res, _clean = self._run_in(workdir, uid, program, language=language, stdin=stdin, files=files,
+                                       timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+            return res
+
+        return Session(self.name, run, lambda: release_workdir(lease, workdir))
 
     def close(self) -> None:
         self._finalizer()
@@ -253,6 +239,11 @@ def _cleanup(base: str, state: dict[str, object]) -> None:
     z = state.get("_zygote")
     if isinstance(z, _Zygote):
         z.close()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):  # a session still open holds a tmpfs here: detach it first
+            path = os.path.join(base, name)
+            if os.path.ismount(path):
+                release_workdir(None, path)
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -255,7 +255,7 @@ class BashEnv(AgentEnv):
             self._session.close()
             self._session = None
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self._close_session()
         self._session = self.sandbox.session()
         r = self._session.run(task.data["init"], language="bash", timeout_s=30)

@@ -164,7 +164,7 @@ class CodeEnv(AgentEnv):
             + self.parser.format_instructions(self.tools)
         )
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         self.last_outcome = None
         d = task.data
         text = d["prompt"]

@@ -11,7 +11,8 @@ per file, or JSONL). A task::
                     "example": {"code": "ls -a /home | grep '^\\\\.' | wc -l"}}}  # or {"match": "6"}
 
 Each episode runs in a fresh container (:mod:`.os_shell`) from a locally built image
-(:mod:`.os_image`), as root, with ``--network none``, memory, CPU, process and file-size limits.
+(:mod:`.os_image`), as root, with ``--network none``, memory, CPU, process, file-size and total
+written-data limits (the image stays read-only; writes land in a capped tmpfs overlay).
 As in AgentBench: the ``init`` scripts run first, each as its own ``bash -c``/``python3 -c``
 process (a failing one fails the task's setup); ``start`` is typed into the agent's shell, so its
 background jobs live there; the agent gets one persistent ``bash --login`` on a TTY; output is cut
@@ -27,9 +28,17 @@ the scripts in order inside the container with arguments ``[answer, output of sc
 (``None`` entries run the ``example`` script), and passes when every one exits with 0.
 ``finish_action`` answers ``None`` (``"None"`` to a checker).
 
+Checks cannot be forged from inside (unlike AgentBench): before they run, every process the agent
+left is killed, and they execute the image's own programs, libraries, loader and code-loading
+configuration whatever the agent overwrote (see :meth:`.os_shell.OSContainer.seal` and
+``docs/os-v0-security.md``). They still read the state the agent left, as AgentBench's do.
+
 Differences: one image serves every ``create.local`` (``default``, ``packages``, ``ubuntu``): it
 has the host's tools (see :mod:`.os_image`), not Ubuntu's ``apt`` or ``npm``; ``c``/``c++``
-scripts are not supported (no compiler in the image): such tasks are left out and counted.
+scripts are not supported (no compiler in the image): such tasks are left out and counted. Checks
+run after the agent's processes (and background ``start`` jobs) are killed; they see the image's
+version of every file the image has under ``/usr`` (the agent's additions are visible, its edits
+to the image's own files are not), with ``/`` itself read-only.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.core import AgentEnv, StepResult
-from agentgym.errors import ConfigurationError, EnvError, SandboxUnavailable
+from agentgym.errors import ConfigurationError, EnvError, SandboxError, SandboxUnavailable
 from agentgym.loading import LoadReport, read_rows
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
@@ -257,9 +266,12 @@ class OSEnv(AgentEnv):
             AgentBench's ``data/os_interaction/data/dev.json`` or ``data/os_interaction/data/[1-7]/*.json``.
         script_dir: Where ``{"file": ...}`` scripts live (default: AgentBench's layout, see :func:`load_os_tasks`).
         split: The split name the tasks get.
-        image: A Docker image to use instead of the locally built one (it needs bash, coreutils, python3).
+        image: A Docker image to use instead of the locally built one (it needs bash, coreutils, python3 with
+            ctypes, and a ``/mnt`` directory: the guard runs from it too).
         memory_mb, cpus, pids_limit, file_mb: Container limits (AgentBench: 1 GiB; here 1 CPU, 256 processes,
             512 MiB per file).
+        disk_mb: Everything written in the container together (a tmpfs over the read-only image, so it
+            also counts against ``memory_mb``); writes past it fail with "No space left on device".
         command_timeout_s: Deadline of one ``bash_action`` (then Ctrl-C, then the job is killed). AgentBench: 30 s.
         script_timeout_s: Deadline of each init, start and check script.
         max_output_chars: Longer shell output is cut as AgentBench cuts it (800).
@@ -273,13 +285,13 @@ class OSEnv(AgentEnv):
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, script_dir: str | os.PathLike[str] | None = None,
                  split: str = "test", image: str | None = None, memory_mb: int = 1024, cpus: float = 1.0,
-                 pids_limit: int = 256, file_mb: int = 512, command_timeout_s: float = 30.0,
+                 pids_limit: int = 256, file_mb: int = 512, disk_mb: int = 512, command_timeout_s: float = 30.0,
                  script_timeout_s: float = 60.0, max_output_chars: int = TRUNCATE_AT, **kwargs: Any) -> None:
         if path is None or str(path) == "":
             raise ConfigurationError(
                 f"{ENV} needs path=: an AgentBench OS task file or folder. Example: "
                 "agentgym.make('agentgym/OS-v0', path='AgentBench/data/os_interaction/data/dev.json').")
-        if min(memory_mb, pids_limit, file_mb, command_timeout_s, script_timeout_s, max_output_chars, cpus) <= 0:
+        if min(memory_mb, pids_limit, file_mb, disk_mb, command_timeout_s, script_timeout_s, max_output_chars, cpus) <= 0:
             raise ConfigurationError(f"{ENV}: limits and timeouts must be positive.")
         super().__init__(**kwargs)
         self.splits = (split,)  # type: ignore[misc]
@@ -291,7 +303,7 @@ class OSEnv(AgentEnv):
             raise ConfigurationError(f"{ENV}: {str(path)!r} holds no usable task ({self.load_log.summary()}).")
         self.image = image
         self.limits: dict[str, Any] = {"memory_mb": int(memory_mb), "cpus": float(cpus), "pids_limit": int(pids_limit),
-                                       "file_mb": int(file_mb)}
+                                       "file_mb": int(file_mb), "disk_mb": int(disk_mb)}
         self.command_timeout_s = float(command_timeout_s)
         self.script_timeout_s = float(script_timeout_s)
         self.max_output_chars = int(max_output_chars)
@@ -331,7 +343,7 @@ class OSEnv(AgentEnv):
     def system_prompt(self) -> str:
         return SYSTEM_PROMPT + "\n" + self.parser.format_instructions(self.tools)
 
-    def _reset_task(self, task: TaskSpec) -> list[Message]:
+    def reset_task(self, task: TaskSpec) -> list[Message]:
         from .os_shell import OSContainer
 
         self._close_box()
@@ -431,13 +443,25 @@ class OSEnv(AgentEnv):
         task = self._require_task()
         self.count("answers")
         box = self._box
+        evaluation = task.data["evaluation"]
 
         def run(lang: str, code: str, params: list[str]) -> Any:
             assert box is not None
             return box.run_script(lang, code, params, timeout_s=self.script_timeout_s)
 
-        ok, steps = judge(task.data["evaluation"], answer, run)
-        self.last_check = {"answer": answer, "passed": ok, "steps": steps}
+        guard: dict[str, Any] = {}
+        if "check" in evaluation and box is not None:
+            try:
+                guard = box.seal()  # the agent's processes die; checks run on the image's code only
+            except SandboxUnavailable:
+                raise
+            except SandboxError as e:  # the agent left a state no check can be trusted in
+                self.count("checks_unsealed")
+                self.last_check = {"answer": answer, "passed": False, "steps": [], "error": str(e)}
+                self.finish(0.0, False)
+                return "Incorrect. The episode is over."
+        ok, steps = judge(evaluation, answer, run)
+        self.last_check = {"answer": answer, "passed": ok, "steps": steps, **({"guard": guard} if guard else {})}
         self.finish(1.0 if ok else 0.0, ok)
         return ("Correct." if ok else "Incorrect.") + " The episode is over."
 
@@ -460,11 +484,11 @@ class OSEnv(AgentEnv):
             out = self._commit(None)
         return StepResult([{"role": "user", "content": out}])
 
-    def _on_text(self, text: str) -> StepResult:
-        return self._text_action(text) or super()._on_text(text)
+    def on_text(self, text: str) -> StepResult:
+        return self._text_action(text) or super().on_text(text)
 
-    def _on_command(self, command: str) -> StepResult:
-        return self._text_action(command) or super()._on_command(command)
+    def on_command(self, command: str) -> StepResult:
+        return self._text_action(command) or super().on_command(command)
 
     # ------------------------------------------------------------------ expert
     def expert_action(self) -> Any:

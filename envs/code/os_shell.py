@@ -2,10 +2,17 @@
 
 :class:`OSContainer` starts a container from the OS-v0 image (see :mod:`.os_image`) as root, with
 ``--network none``, a memory limit (swap off), a CPU quota, a process limit, a per-file size
-limit, all capabilities dropped but the few a root user's file and account work needs, and
-``no-new-privileges``. It runs scripts the way AgentBench runs init and check scripts
-(``bash -c CODE -- ARGS`` or ``python3 -c CODE ARGS``, as root in ``/root``, each in its own
-process, under a deadline) and holds one :class:`Shell`.
+limit, all capabilities dropped but the few a root user's file and account work needs,
+``no-new-privileges`` and no container log. It runs scripts the way AgentBench runs init and
+check scripts (``bash -c CODE -- ARGS`` or ``python3 -c CODE ARGS``, as root in ``/root``, each in
+its own process, under a deadline) and holds one :class:`Shell`.
+
+The container's own root filesystem is read-only; before anything runs in it, a guard (see
+``_os_guard.py``, run in a short-lived helper container) stacks an overlay on it whose upper
+layer is a tmpfs of ``disk_mb``: everything written inside is capped in total and never reaches
+the host's disk. Before the check scripts run, :meth:`OSContainer.seal` has the guard kill every
+process the agent left and pin the code and configuration the checks execute to the image's, so
+the verdict cannot be forged by anything the agent changed or left running.
 
 :class:`Shell` is ``bash --login`` on a TTY, as AgentBench's agent gets: ``cd``, variables,
 functions and background jobs persist from one command to the next. Each command is typed into
@@ -19,6 +26,7 @@ exits (``exit``, ``exec``) is replaced by a new one, and the caller is told.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, SandboxError, SandboxUnavailable
+from agentgym.sandbox.docker import exec_with_deadline
 from agentgym.sandbox.docker import remove_stale_containers as _remove_stale
 
 __all__ = ["LABEL", "OSContainer", "ScriptResult", "Shell", "ShellResult", "docker_client", "remove_stale_containers"]
@@ -40,6 +49,21 @@ LABEL = "agentgym.os"
 MAX_CAPTURE = 1 << 20  # bytes of shell output kept per command (the rest is read and dropped)
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP", "AUDIT_WRITE",
          "SYS_CHROOT", "NET_BIND_SERVICE"]
+# The guard's helper: mounts and enters the task container's namespaces (SYS_ADMIN, SYS_CHROOT), reaches
+# the non-dumpable PID 1's root (SYS_PTRACE), kills the agent's processes and repairs what it broke.
+_GUARD_CAPS = ["SYS_ADMIN", "SYS_PTRACE", "SYS_CHROOT", "KILL", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "CHOWN"]
+_GUARD_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_os_guard.py")
+# PID 1 of a task container: reaps orphans and is non-dumpable, so no process of the agent's (which
+# lacks CAP_SYS_PTRACE) can trace it or reach the pristine root it keeps (``/proc/1/root``).
+_INIT = ("import ctypes, os, signal; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "
+         "signal.signal(signal.SIGCHLD, lambda *a: None)\n"
+         "while True:\n signal.pause()\n while True:\n  try:\n   if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
+         "  except ChildProcessError: break\n")
+# The environment of check scripts: the image's directories first on PATH, Python ignoring the
+# working directory, user site-packages and bytecode caches the agent could have planted.
+CHECK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin", "HOME": "/root",
+             "LANG": "C.UTF-8", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+_EXEC_MARGIN_S = 10.0  # host-side deadline beyond a script's own timeout
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>]|\x07")
 
 
@@ -225,11 +249,11 @@ class Shell:
         script = (f"tp=$(ps -o tpgid= -p {self.pid} | tr -d ' '); sp=$(ps -o pgid= -p {self.pid} | tr -d ' '); "
                   'if [ -n "$tp" ] && [ "$tp" != "$sp" ] && [ "$tp" != "-1" ]; then kill -KILL -- "-$tp"; fi')
         try:
-            r = self._api.exec_create(self._cid, ["bash", "-c", script])
-            self._api.exec_start(r["Id"])
-        except Exception:
+            done = exec_with_deadline(self._api, self._cid, ["bash", "-c", script], deadline=time.monotonic() + 10.0,
+                                      limit=4096, exit_code=False)
+        except Exception:  # the container may be gone: the caller restarts the shell either way
             return False
-        return True
+        return done is not None
 
     def _restart(self) -> None:
         self.close()
@@ -245,6 +269,9 @@ class Shell:
 
 _SCRIPT_WRAPPER = ('d=$(mktemp -d) || exit 125; t=$1; shift; timeout -s KILL "$t" "$@" >"$d/o" 2>"$d/e" </dev/null; '
                    'c=$?; head -c 1048576 "$d/o"; head -c 1048576 "$d/e" >&2; rm -rf "$d"; exit $c')
+# After seal: each check step first kills whatever an earlier step (a program of the agent's that a
+# check ran) left behind, so nothing of the agent's runs beside a check.
+_CHECK_WRAPPER = "kill -KILL -1 2>/dev/null; " + _SCRIPT_WRAPPER
 
 
 class OSContainer:
@@ -257,26 +284,38 @@ class OSContainer:
         cpus: CPU quota.
         pids_limit: Most processes at once (stops fork bombs).
         file_mb: Largest file a process may write (``RLIMIT_FSIZE``).
+        disk_mb: Everything written in the container together (a tmpfs: it counts against
+            ``memory_mb`` too).
     """
 
     def __init__(self, client: Any, image: str, *, memory_mb: int = 1024, cpus: float = 1.0, pids_limit: int = 256,
-                 file_mb: int = 512) -> None:
-        from docker.types import Ulimit
+                 file_mb: int = 512, disk_mb: int = 512) -> None:
+        from docker.types import LogConfig, Ulimit
 
         self._client = client
+        self._image = image
         self.shell_: Shell | None = None
+        self.sealed = False
         fsize = int(file_mb) * 1024 * 1024
         try:
             self.container = client.containers.run(
-                image, ["/usr/bin/sleep", "infinity"], detach=True, name=f"agentgym-os-{uuid.uuid4().hex[:12]}",
+                image, ["python3", "-I", "-S", "-c", _INIT], detach=True, name=f"agentgym-os-{uuid.uuid4().hex[:12]}",
                 labels={LABEL: "1", f"{LABEL}.owner": str(os.getpid())}, network_mode="none", user="root",
                 working_dir="/root", hostname="agentgym-os", mem_limit=f"{int(memory_mb)}m",
                 memswap_limit=f"{int(memory_mb)}m", nano_cpus=int(float(cpus) * 1e9), pids_limit=int(pids_limit),
                 cap_drop=["ALL"], cap_add=_CAPS, security_opt=["no-new-privileges"], ipc_mode="private",
                 ulimits=[Ulimit(name="fsize", soft=fsize, hard=fsize), Ulimit(name="nofile", soft=4096, hard=4096)],
-                init=True, auto_remove=False)
+                read_only=True, log_config=LogConfig(type="none"), auto_remove=False)
         except Exception as e:
             raise SandboxUnavailable(f"could not start an OS-v0 container from {image!r}: {e}") from e
+        self._guard_security = ["no-new-privileges"]
+        try:
+            if any("apparmor" in str(o) for o in (client.info().get("SecurityOptions") or [])):
+                self._guard_security.append("apparmor=unconfined")  # docker-default's AppArmor profile denies mount
+            self._guard("setup", str(int(disk_mb) * 1024 * 1024))
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def id(self) -> str:
@@ -284,13 +323,64 @@ class OSContainer:
 
     def shell(self) -> Shell:
         """The container's persistent shell (started on first use)."""
+        if self.sealed:
+            raise SandboxError("this OS-v0 container is sealed for its checks: the agent's shell is gone")
         if self.shell_ is None:
             self.shell_ = Shell(self._client, self.id)
         return self.shell_
 
+    def seal(self) -> dict[str, Any]:
+        """End the agent's turn: close its shell, kill every process it left, pin what checks execute.
+
+        Raises:
+            SandboxError: The guard could not make a trustworthy view (the message says why).
+            SandboxUnavailable: The helper container could not run at all.
+        """
+        if self.shell_ is not None:
+            self.shell_.close()
+            self.shell_ = None
+        self.sealed = True
+        return self._guard("seal")
+
+    def _guard(self, *args: str, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Run ``_os_guard.py`` with ``args`` in a privileged helper that shares this container's PIDs."""
+        from docker.types import LogConfig
+
+        with open(_GUARD_SRC, encoding="utf-8") as f:
+            src = f.read()
+        try:
+            helper = self._client.containers.create(
+                self._image, ["python3", "-I", "-S", "-c", src, *args], name=f"agentgym-os-guard-{uuid.uuid4().hex[:12]}",
+                labels={LABEL: "1", f"{LABEL}.owner": str(os.getpid())}, network_mode="none", user="root",
+                pid_mode=f"container:{self.id}", read_only=True, cap_drop=["ALL"], cap_add=_GUARD_CAPS,
+                security_opt=self._guard_security, mem_limit="256m", memswap_limit="256m", pids_limit=32,
+                log_config=LogConfig(type="json-file", config={"max-size": "1m"}))
+        except Exception as e:
+            raise SandboxUnavailable(f"could not start the OS-v0 guard from {self._image!r}: {e}") from e
+        try:
+            helper.start()
+            helper.wait(timeout=timeout_s)
+            raw = helper.logs(stdout=True, stderr=True)[-65536:]
+        except Exception as e:
+            raise SandboxUnavailable(f"the OS-v0 guard ({args[0]}) did not finish: {type(e).__name__}: {e}") from e
+        finally:
+            with contextlib.suppress(Exception):
+                helper.remove(force=True)
+        lines = [ln for ln in raw.decode("utf-8", "replace").splitlines() if ln.startswith("{")]
+        try:
+            answer = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            answer = {}
+        if not answer.get("ok"):
+            raise SandboxError(f"the OS-v0 guard ({args[0]}) failed: {answer.get('error') or raw[-500:]!r}")
+        return dict(answer)
+
     def run_script(self, language: str, code: str, params: list[str] | tuple[str, ...] = (), *,
                    timeout_s: float = 60.0) -> ScriptResult:
-        """Run a script as AgentBench runs init and check scripts: its own process, as root, in ``/root``."""
+        """Run a script as AgentBench runs init and check scripts: its own process, as root, in ``/root``.
+
+        After :meth:`seal`, scripts run with :data:`CHECK_ENV` and kill whatever is running first.
+        """
         if language == "bash":
             cmd = ["bash", "-c", code, *(["--", *params] if params else [])]
         elif language == "python":
@@ -300,15 +390,19 @@ class OSContainer:
         # The script's output goes to files, not to the exec's stream: a child it leaves running in the
         # background (``sleep 1000 &``, a service an init script starts on purpose) keeps those files open
         # but not the stream, so the exec returns when ``timeout`` ends the script itself.
-        full = ["sh", "-c", _SCRIPT_WRAPPER, "agentgym-script", f"{max(1, int(timeout_s))}", *cmd]
+        wrapper = _CHECK_WRAPPER if self.sealed else _SCRIPT_WRAPPER
+        full = ["sh", "-c", wrapper, "agentgym-script", f"{max(1, int(timeout_s))}", *cmd]
         try:
-            res = self.container.exec_run(full, demux=True, workdir="/root", user="root")
+            res = exec_with_deadline(self._client.api, self.id, full, deadline=time.monotonic() + timeout_s + _EXEC_MARGIN_S,
+                                     limit=MAX_CAPTURE + 4096, environment=CHECK_ENV if self.sealed else None,
+                                     workdir="/root", user="0:0")  # numeric: never looked up in the agent's /etc/passwd
         except Exception as e:
             raise SandboxError(f"the container failed to run a script: {type(e).__name__}: {e}") from e
-        out, err = res.output if isinstance(res.output, tuple) else (res.output, b"")
-        code_ = int(res.exit_code) if res.exit_code is not None else -1
-        return ScriptResult(code_, (out or b"").decode("utf-8", "replace"), (err or b"").decode("utf-8", "replace"),
-                            timed_out=code_ in (124, 137) and code_ != 0)
+        if res is None:
+            return ScriptResult(-1, "", "[the script did not end by its deadline]", timed_out=True)
+        code_ = res.exit_code if res.exit_code is not None else -1
+        return ScriptResult(code_, res.stdout.decode("utf-8", "replace"), res.stderr.decode("utf-8", "replace"),
+                            timed_out=code_ in (124, 137))
 
     def close(self) -> None:
         if self.shell_ is not None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import hashlib
 import marshal
 import math
 import os
@@ -60,6 +59,8 @@ from itertools import permutations
 from typing import Any
 
 from agentgym.errors import EnvError
+
+from .db_worker import table_state_hash
 
 __all__ = [
     "EpisodeDB",
@@ -519,44 +520,6 @@ def answers_match(pred: Sequence[Any], gold: Sequence[Any], *, rel_tol: float = 
     if len(a) != len(b):
         return False
     return _rows_equal([(x,) for x in a], [(y,) for y in b], False, rel_tol, abs_tol)
-
-
-def _hash_cell(v: Any) -> str:
-    if v is None:
-        return "N"
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        f = float(v)
-        if math.isfinite(f) and f == round(f):
-            return f"I{int(f)}"
-        return f"F{round(f, 6)!r}"
-    if isinstance(v, bytes):
-        return "B" + v.hex()
-    return "S" + str(v)
-
-
-def table_state_hash(conn: sqlite3.Connection, tables: Sequence[str] | None = None) -> str:
-    """A digest of the contents of ``tables`` (default: every user table), row order ignored.
-
-    Numbers are canonicalised (``3 == 3.0``; floats rounded to 6 decimals) so that equivalent
-    arithmetic in a different order hashes the same.
-    """
-    if tables is None:
-        tables = [r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-    h = hashlib.sha256()
-    for name in sorted(tables):
-        quoted = '"' + name.replace('"', '""') + '"'
-        try:
-            rows = conn.execute(f"SELECT * FROM {quoted}").fetchall()
-        except sqlite3.Error:
-            h.update(f"<missing {name}>".encode())
-            continue
-        encoded = sorted("\x1f".join(_hash_cell(v) for v in r) for r in rows)
-        h.update(f"\x1e{name}\x1d{len(rows)}\x1d".encode())
-        for line in encoded:
-            h.update(line.encode("utf-8", "surrogatepass"))
-            h.update(b"\x1e")
-    return h.hexdigest()
 
 
 def multiset(rows: Iterable[Sequence[Any]]) -> Counter[tuple[Any, ...]]:

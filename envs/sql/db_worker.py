@@ -1,5 +1,6 @@
 """The SQL worker: one process that holds one episode database at a time (stdlib only; read as text
-by :mod:`.db` and started with ``python -I -S -c``, never imported by the host).
+by :mod:`.db` and started with ``python -I -S -c``). The host imports one thing from it,
+:func:`table_state_hash`, so that the scoring hash is written once; importing it has no effects.
 
 Protocol on stdin/stdout: frames of a 4-byte big-endian length + ``marshal`` payload. Requests are
 tuples ``(op, *args)``; every request gets exactly one answer. The host kills this process when a
@@ -19,6 +20,7 @@ import struct
 import sys
 import time
 import unicodedata
+from collections.abc import Iterable
 from functools import lru_cache
 
 PAGE_SIZE = 4096
@@ -138,24 +140,33 @@ class Episode:
                 self.conn.execute("ROLLBACK")
 
     def state_hash(self, tables):
-        conn = self.conn
-        if tables is None:
-            tables = [r[0] for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        h = hashlib.sha256()
-        for name in sorted(tables):
-            quoted = '"' + name.replace('"', '""') + '"'
-            try:
-                rows = conn.execute("SELECT * FROM %s" % quoted).fetchall()
-            except sqlite3.Error:
-                h.update(("<missing %s>" % name).encode())
-                continue
-            encoded = sorted("\x1f".join(hash_cell(v) for v in r) for r in rows)
-            h.update(("\x1e%s\x1d%d\x1d" % (name, len(rows))).encode())
-            for line in encoded:
-                h.update(line.encode("utf-8", "surrogatepass"))
-                h.update(b"\x1e")
-        return h.hexdigest()
+        return table_state_hash(self.conn, tables)
+
+
+def table_state_hash(conn: sqlite3.Connection, tables: Iterable[str] | None = None) -> str:
+    """A digest of the contents of ``tables`` (default: every user table), row order ignored.
+
+    Numbers are canonicalised (``3 == 3.0``; floats rounded to 6 decimals) so that equivalent
+    arithmetic in a different order hashes the same. The one implementation: the host imports it
+    from here (:func:`agentgym.envs.sql.db.table_state_hash`), so both sides hash byte-identically.
+    """
+    if tables is None:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    h = hashlib.sha256()
+    for name in sorted(tables):
+        quoted = '"' + name.replace('"', '""') + '"'
+        try:
+            rows = conn.execute("SELECT * FROM %s" % quoted).fetchall()
+        except sqlite3.Error:
+            h.update(("<missing %s>" % name).encode())
+            continue
+        encoded = sorted("\x1f".join(hash_cell(v) for v in r) for r in rows)
+        h.update(("\x1e%s\x1d%d\x1d" % (name, len(rows))).encode())
+        for line in encoded:
+            h.update(line.encode("utf-8", "surrogatepass"))
+            h.update(b"\x1e")
+    return h.hexdigest()
 
 
 def hash_cell(v):

@@ -140,7 +140,8 @@ if sys.argv[2] == "drop":
     del env, kept
     gc.collect()
     import os
-    print("left", len(os.listdir(sys.argv[3])))
+    # the one per-process copy of the bwrap worker script stays until exit (the "exit" case checks it goes)
+    print("left", len([n for n in os.listdir(sys.argv[3]) if not n.startswith("agentgym-sandbox-")]))
 # else: exit without close()
 """
 
@@ -165,3 +166,49 @@ def test_bash_env_without_close_leaves_no_temp_dirs(backend: str, how: str) -> N
         assert os.listdir(tmp) == [], f"left behind: {os.listdir(tmp)}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_an_episode_cannot_fill_the_host_disk() -> None:
+    """One command writing 720 MB: the episode's files live in a tmpfs of the sandbox's ``file_mb``
+    (64 MB), not in a directory on the host's disk (which held all 720 MB before)."""
+    import shutil
+
+    env = BashEnv(tasks=[TaskSpec("t", "train", "x", {"init": "true", "question": "q", "expert": "true",
+                                                    "check": {"type": "int", "answer": 1}})])
+    try:
+        env.reset()
+        before = shutil.disk_usage("/tmp").used
+        obs, *_ = env.step('<tool_call>{"name": "bash", "arguments": {"cmd": '
+                           '"for i in $(seq 1 12); do head -c 60M /dev/zero > f$i || echo FAIL$i; done; '
+                           'du -sm . | cut -f1"}}</tool_call>')
+        grown = shutil.disk_usage("/tmp").used - before
+        text = obs[0]["content"]
+        assert "No space left on device" in text and "FAIL12" in text, text
+        assert grown < 300 << 20, f"the host's disk use grew by {grown >> 20} MB"  # other tests may write too
+    finally:
+        env.close()
+
+
+def test_a_script_check_cannot_be_forged_from_the_session() -> None:
+    """Bash-v0's script checks run as one more sandbox run in the episode's session: the agent cannot
+    replace the programs they call (read-only system), change their environment (every run starts
+    clean; rc files are not read), or leave a process that acts during them (none survives a run).
+    Each attempt below leaves the task undone, so the check must fail."""
+    task = TaskSpec("t", "train", "x", {"init": "echo 3 > data.txt", "question": "q", "expert": "true",
+                                        "check": {"type": "script", "script": 'test "$(cat result.txt)" = 3'}})
+    env = BashEnv(tasks=[task])
+    try:
+        env.reset()
+        for cmd in ["printf '#!/bin/sh\\nexit 0\\n' > /usr/bin/test; printf 'exit 0\\n' > /usr/bin/cat",
+                    "export BASH_ENV=/work/rc; echo 'exit 0' > rc; echo 'exit 0' > .bashrc; echo 'exit 0' > .profile",
+                    "mkdir -p bin && printf '#!/bin/sh\\necho 3\\n' > bin/cat && chmod +x bin/cat && export PATH=/work/bin:$PATH",
+                    "(while :; do echo 3 > result.txt.tmp; sleep 0.05; done) & disown; echo started"]:
+            env.step('<tool_call>' + json.dumps({"name": "bash", "arguments": {"cmd": cmd}}) + '</tool_call>')
+        _, reward, *_ = env.step('<tool_call>{"name": "answer", "arguments": {"text": "done"}}</tool_call>')
+        assert reward == 0.0
+        env.reset()  # control: doing the task passes the same check
+        env.step('<tool_call>{"name": "bash", "arguments": {"cmd": "cp data.txt result.txt"}}</tool_call>')
+        _, reward, *_ = env.step('<tool_call>{"name": "answer", "arguments": {"text": "done"}}</tool_call>')
+        assert reward == 1.0
+    finally:
+        env.close()

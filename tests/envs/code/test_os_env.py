@@ -162,18 +162,6 @@ def test_agentbench_text_protocol() -> None:
 # ---------------------------------------------------------------------------- real containers
 
 
-@pytest.fixture(scope="module")
-def docker_ok() -> None:
-    from agentgym.envs.code.os_shell import docker_client
-
-    from agentgym.errors import DependencyNotInstalled, SandboxUnavailable
-
-    try:
-        docker_client(timeout=10).close()
-    except (SandboxUnavailable, DependencyNotInstalled) as e:
-        pytest.skip(f"no Docker engine: {e}")
-
-
 def bash(script: str) -> str:
     return "<tool_call>" + json.dumps({"name": "bash_action", "arguments": {"script": script}}) + "</tool_call>"
 

@@ -193,6 +193,41 @@ def test_answers_match_normalises() -> None:
     assert normalise_answer("  New   York ") == "new york"
 
 
+PINNED_SCRIPT = """
+CREATE TABLE people (id INTEGER, name TEXT, score REAL, blob BLOB);
+INSERT INTO people VALUES (2, 'Zoë', 3.0, NULL), (1, 'Ada', 2.5, x'00ff'), (3, NULL, 0.1234567, x''), (4, 'x"y', -7, NULL);
+CREATE TABLE "odd ""name" (v);
+INSERT INTO "odd ""name" VALUES (1e300), (-0.0), ('3');
+"""
+
+
+def test_table_state_hash_is_pinned(snap: bytes) -> None:
+    """Gold states are hashed when a task is scored, so the digest must never drift: pinned on a fixed
+    table (text with a non-ASCII letter and a quote, NULLs, blobs, 3.0 vs 3, rounding, -0.0, a huge
+    float, a quoted table name, a missing table), from the host's function and from the worker."""
+    local = sqlite3.connect(":memory:")
+    local.executescript(PINNED_SCRIPT)
+    pinned = {
+        None: "67c5b0f5fcbdf8381a2dad0471dc0ccebcee8d4d2adf570156b4718abbf1df35",
+        ("people",): "cdfdaa0d6f4b68eddd25f55f1557b6a20c05ec89678a122d31b90c4b545be614",
+        ("missing", "people"): "a34a619770d85a6516ffee6db34ce32a5d24bce7a7957b2a97cb6c80a7ac3f7f",
+    }
+    try:
+        for tables, digest in pinned.items():
+            assert table_state_hash(local, tables) == digest
+        db = EpisodeDB(snap)
+        try:
+            db.run("DROP TABLE people")
+            for stmt in PINNED_SCRIPT.strip().split(";\n"):
+                db.run(stmt)
+            for tables, digest in pinned.items():
+                assert db.state_hash(tables) == digest  # the worker process hashes with the same code
+        finally:
+            db.close()
+    finally:
+        local.close()
+
+
 def test_table_state_hash(snap: bytes) -> None:
     a, b = EpisodeDB(snap), EpisodeDB(snap)
     try:
