@@ -36,7 +36,8 @@ class RunSource:
 
     Attributes:
         id: Its number in this viewer session (document paths use it).
-        name: A short label (the path as given, or ``TRAIN › stage`` for a training run's eval stage).
+        name: A short label: the last parts of its path that tell it from the other runs (``TRAIN › stage``
+            for a training run's eval stage).
         path: The folder (eval, train) or file (episodes).
         kind: ``eval``, ``train`` or ``episodes``.
         parent: The training run an eval stage belongs to.
@@ -117,6 +118,20 @@ def _search(root: Path, depth: int, found: list[tuple[Path, RunKind]]) -> None:
             return
 
 
+def _labels(names: list[str]) -> list[str]:
+    """For each path, its shortest tail of parts that no other path ends with (``runs/a/train`` and
+    ``runs/b/train`` become ``a/train`` and ``b/train``)."""
+    parts = [Path(n).resolve().parts for n in names]
+    out = []
+    for i, ps in enumerate(parts):
+        for k in range(1, len(ps) + 1):
+            tail = ps[-k:]
+            if all(j == i or tuple(q[-k:]) != tail for j, q in enumerate(parts)):
+                break
+        out.append("/".join(tail) if tail and tail != ("/",) else names[i])  # "/" itself: as given
+    return out
+
+
 def discover_runs(paths: list[str | os.PathLike[str]]) -> list[RunSource]:
     """The runs at or under ``paths``, in the order given (a training run's stages follow it).
 
@@ -143,21 +158,22 @@ def discover_runs(paths: list[str | os.PathLike[str]]) -> list[RunSource]:
                 f"no run found in {p} (looked {MAX_DEPTH} levels down for summary.json, episodes.jsonl, "
                 "metrics.jsonl or result.json).")
         found += [(q, str(Path(raw) / q.relative_to(p)), kk) for q, kk in inner]
-    runs: list[RunSource] = []
+    unique: list[tuple[Path, str, RunKind]] = []
     seen: set[Path] = set()
     for p, name, k in found:
-        real = p.resolve()
-        if real in seen:
-            continue
-        seen.add(real)
-        run = RunSource(len(runs), name, p, k)
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append((p, name, k))
+    labels = _labels([name for _, name, _ in unique])
+    runs: list[RunSource] = []
+    for (p, _name, k), label in zip(unique, labels, strict=True):
+        run = RunSource(len(runs), label, p, k)
         runs.append(run)
         if k == "train" and (p / "eval").is_dir():
             stages = sorted((q for q in (p / "eval").iterdir() if q.is_dir() and _kind(q) == "eval"),
                             key=lambda q: stage_order(q.name))
             for q in stages:
-                child = RunSource(len(runs), f"{name} › {q.name}", q, "eval", parent=run.id, stage=q.name)
-                seen.add(q.resolve())
+                child = RunSource(len(runs), f"{label} › {q.name}", q, "eval", parent=run.id, stage=q.name)
                 run.children.append(child.id)
                 runs.append(child)
         if len(runs) > MAX_RUNS:

@@ -30,6 +30,7 @@ from agentgym.errors import DocumentNotFound
 from agentgym.view.analysis import breakdown, compare, heldout_curve, metric_series, success_interval
 from agentgym.view.index import (
     JsonlIndex,
+    episode_head,
     episode_key,
     episode_row,
     episode_view,
@@ -97,7 +98,7 @@ class Site:
         with self._lock:
             idx = self._episodes.get(rid)
             if idx is None:
-                idx = self._episodes[rid] = JsonlIndex(path, episode_row, episode_key)
+                idx = self._episodes[rid] = JsonlIndex(path, episode_row, episode_key, decode=episode_head)
         idx.refresh()
         return idx
 
@@ -183,19 +184,23 @@ class Site:
         return {(r["env"], r["task"]) for r in self.episodes(run.id).rows}
 
     def suggested_comparisons(self) -> list[list[int]]:
-        """Comparisons the page offers: each training run's eval stages in order and its first against its last
-        stage, then every pair of eval runs that share a task (``MAX_COMPARISONS`` at most)."""
+        """Comparisons the page offers (``MAX_COMPARISONS`` at most): each training run's first eval stage
+        against its last (before -> after) and all its stages in order; then every pair of the runs given
+        (eval runs, and the first and last stage of each training run) that share a task."""
         out: list[list[int]] = []
         for run in self.runs:
             if run.kind == "train" and len(run.children) >= 2:
                 out.append([run.children[0], run.children[-1]])
                 if len(run.children) > 2:
                     out.append(list(run.children))
-        evals = [r for r in self.runs if r.episodes_file is not None]
+        ends = {c for r in self.runs if r.kind == "train" and r.children for c in (r.children[0], r.children[-1])}
+        evals = [r for r in self.runs if r.episodes_file is not None and (r.parent is None or r.id in ends)]
         keys = {r.id: self._task_keys(r) for r in evals}
         for a, b in itertools.combinations(evals, 2):
             pair = [a.id, b.id]
-            if pair not in out and keys[a.id] & keys[b.id]:
+            if a.parent is not None and a.parent == b.parent:
+                continue  # listed above
+            if keys[a.id] & keys[b.id]:
                 out.append(pair)
             if len(out) >= MAX_COMPARISONS:
                 break

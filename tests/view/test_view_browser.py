@@ -187,6 +187,8 @@ def test_comparison_lists_flipped_tasks_and_shows_both_transcripts(driver: Any, 
     left, right = columns[0].text, columns[1].text
     assert "give_up" in left and "FAIL" in left.upper()
     assert "correct" in right and "SUCCESS" in right.upper()
+    # both policies bisect alike until the 4th turn, where `before` gives up: marked in both columns
+    assert [e.get_attribute("data-turn") for e in css(driver, ".side .msg.assistant.diverge")] == ["3", "3"]
 
 
 def test_training_run_curves_stages_and_groups(driver: Any, server: ViewServer) -> None:

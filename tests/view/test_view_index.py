@@ -17,6 +17,7 @@ from agentgym.view.analysis import breakdown, compare, heldout_curve, metric_ser
 from agentgym.view.index import (
     MAX_TEXT,
     JsonlIndex,
+    episode_head,
     episode_key,
     episode_row,
     episode_view,
@@ -111,6 +112,22 @@ def test_episode_row_and_view_of_a_trajectory() -> None:
     assert (turn["prompt_tokens"], turn["completion_tokens"], turn["version"]) == (3, 2, "2–3")
     assert turn["parse_error"] == "bad JSON" and turn["timing"] == {"policy_s": 0.5, "env_s": 0.01}
     assert "completion_token_ids" not in json.dumps(view) and "actions" not in view["info"]
+
+
+def test_the_fast_head_decoder_gives_the_rows_of_whole_records(runs: dict[str, Path]) -> None:
+    t = trajectory("nan-task")
+    t.reward = float("nan")  # written as NaN, which the typed decoder refuses: read whole instead
+    odd = {"task_id": "odd", "turns": "no", "info": {"seed": "zero"}, "metrics": {"parse_errors": 2}}
+    lines = [*(runs["xss"] / "episodes.jsonl").read_bytes().splitlines(), dumps_trajectory(trajectory()).encode(),
+             dumps_trajectory(t).encode(), json.dumps(odd).encode()]
+    for line in lines:
+        whole = json.loads(line)
+        head = episode_head(line)
+        assert episode_row(head) == episode_row(whole) or math.isnan(whole["reward"])
+        assert episode_key(head) == episode_key(whole)
+    assert episode_row(episode_head(lines[-1]))["parse_errors"] == 2
+    with pytest.raises(ValueError):
+        episode_head(b'{"task_id": "torn", "tur')
 
 
 def test_rows_and_views_of_garbage_records_do_not_raise() -> None:
@@ -230,7 +247,9 @@ def test_site_documents(runs: dict[str, Path]) -> None:
     index = site.document("index")
     assert [r["kind"] for r in index["runs"]] == ["eval", "eval", "eval", "train", "eval", "eval", "eval"]
     assert index["comparisons"][:2] == [[4, 6], [4, 5, 6]]  # the training run's before -> after, then all stages
-    assert [0, 1] in index["comparisons"]
+    assert [0, 1] in index["comparisons"] and [0, 6] in index["comparisons"]  # runs given, and a stage vs a run
+    assert [4, 5] not in index["comparisons"] and [0, 5] not in index["comparisons"]  # no middle stage pairs
+    assert [r["name"] for r in index["runs"]][3:5] == ["train", "train › before"]
     run = site.document("run/0")
     assert run["episodes"] == 12 and len(run["table"]["task"]) == 12
     assert run["summary"]["finished_episodes"] == 12 and run["summary"]["protocol"]["seeds"] == [0, 1]
@@ -246,7 +265,7 @@ def test_site_documents(runs: dict[str, Path]) -> None:
     assert train["groups"] == 6 and train["group_table"]["early_stopped"][0] is True
     assert [p["stage"] for p in train["heldout"]] == ["before", "step-000003", "after"]
     cmp = site.document("compare/0,1")
-    assert cmp["names"] == [str(runs["before"]), str(runs["after"])]
+    assert cmp["names"] == ["before", "after"]  # the shortest tails of their paths that tell them apart
     status = {t["task"]: t["status"] for t in cmp["tasks"]}
     assert status == {"guess-1": "lost", "guess-11": "same", "guess-21": "same", "guess-33": "same",
                       "guess-43": "gained", "guess-53": "gained"}

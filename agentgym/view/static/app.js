@@ -517,7 +517,7 @@
       c.id ? h("span", { class: "muted small" }, "  " + c.id) : null, inline ? null : h("pre", null, args));
   }
 
-  function turnView(t, i) {
+  function turnView(t, i, diverge) {
     var meta = [];
     if (t.policy) meta.push(t.policy);
     if (t.prompt_tokens || t.completion_tokens) meta.push(t.prompt_tokens + " prompt + " + t.completion_tokens + " completion tokens");
@@ -526,8 +526,9 @@
     if (isNum(tm.env_s)) meta.push("env " + secs(tm.env_s));
     if (t.version !== null && t.version !== undefined) meta.push("weights v" + t.version);
     if (t.finish_reason && t.finish_reason !== "stop") meta.push("finish: " + t.finish_reason);
-    var el = h("div", { class: "msg assistant", "data-turn": i },
+    var el = h("div", { class: "msg assistant" + (diverge ? " diverge" : ""), "data-turn": i },
       h("div", { class: "who" }, "assistant · turn " + (i + 1), h("span", { class: "meta" }, meta.join(" · ")),
+        diverge ? badge("first difference", "warn", "the first turn whose action differs between the runs") : null,
         t.new_session && i > 0 ? badge("new session", "info", "the token context restarted here (a new training segment)") : null),
       h("div", { class: "body" }, t.text));
     (t.tool_calls || []).forEach(function (c) { el.appendChild(callBox(c)); });
@@ -536,9 +537,9 @@
     return [el].concat((t.observation || []).map(message));
   }
 
-  function chat(ep) {
+  function chat(ep, divergeAt) {
     var items = (ep.opening || []).map(message);
-    (ep.turns || []).forEach(function (t, i) { items = items.concat(turnView(t, i)); });
+    (ep.turns || []).forEach(function (t, i) { items = items.concat(turnView(t, i, i === divergeAt)); });
     var end = [h("b", null, "End: "), outcomeBadges(ep), " reward " + num(ep.reward) + " · " + ep.turns.length + " turns · " +
       num(ep.gen_tokens) + " generated, " + num(ep.prompt_tokens) + " prompt tokens · " + secs(ep.wall_s)];
     items.push(h("div", { class: "end" }, end, ep.error ? h("div", { class: "errbox" }, ep.error) : null));
@@ -647,9 +648,16 @@
               var label = "seed " + (p.seed === null ? "–" : p.seed) + (p.sample ? " · sample " + p.sample : "");
               return i === chosen ? h("b", null, label) : h("a", { href: "#/compare/" + key + "/task/" + ti + "/" + i }, label);
             }));
+            var present = eps.filter(function (ep) { return ep; });
+            var divergeAt = null;
+            for (var k = 0; present.length > 1 && divergeAt === null; k++) {
+              var texts = present.map(function (ep) { return ep.turns[k] ? ep.turns[k].text : null; });
+              if (texts.every(function (x) { return x === null; })) break;
+              if (texts.some(function (x) { return x !== texts[0]; })) divergeAt = k;
+            }
             var cols = eps.map(function (ep, j) {
               return h("div", null, h("h3", null, h("a", { href: "#/run/" + ids[j] + (ep ? "/ep/" + ep.id : "") }, doc.names[j])),
-                ep ? [h("div", null, outcomeBadges(ep)), chat(ep)] : h("p", { class: "muted" }, "no episode with this seed and sample"));
+                ep ? [h("div", null, outcomeBadges(ep)), chat(ep, divergeAt)] : h("p", { class: "muted" }, "no episode with this seed and sample"));
             });
             var side = h("div", { class: "side" }, cols);
             side.style.gridTemplateColumns = "repeat(" + cols.length + ", minmax(0, 1fr))";
@@ -870,7 +878,8 @@
             h("td", { class: "num" }, g.id), h("td", { class: "num" }, num(g.step)), h("td", { class: "wrap" }, g.task),
             h("td", { class: "num" }, g.members), h("td", { class: "num" }, num(g.reward_mean)), h("td", { class: "num" }, g.successes + " / " + g.members),
             h("td", null, tags), h("td", null, g.outcome),
-            h("td", null, g.gate_decisions ? (g.gate_stops ? (g.gate_enforced ? "stopped" : "would stop (audit)") : "continued") + " · " + g.gate_decisions + " decisions" : "–"),
+            h("td", null, g.gate_decisions ? (g.gate_stops ? (g.gate_enforced ? "stopped" : "would stop (audit)") : "continued") +
+              " (" + g.gate_decisions + (g.gate_decisions === 1 ? " decision)" : " decisions)") : "–"),
             h("td", { class: "num" }, num(g.tokens)));
         })),
       rows.length > 500 ? h("p", { class: "muted small" }, "First 500 shown; narrow the filters to see the rest.") : null);
