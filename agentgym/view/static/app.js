@@ -472,7 +472,9 @@
       crumbs(runCrumbs(run));
       var summary = doc.summary;
       var proto = (summary && summary.protocol) || null;
+      var here = location.hash;
       function rerender() {
+        if (location.hash !== here) return;  // the user went elsewhere (a search finishing late)
         var y = window.scrollY;
         var fresh = view();
         var main = document.getElementById("main");
@@ -586,7 +588,8 @@
       crumbs([{ label: "compare" }, { label: doc.names.join(" → ") }]);
       var flipped = (doc.totals.status.gained || 0) + (doc.totals.status.lost || 0) + (doc.totals.status.changed || 0);
       var f = state.cmpFilter[key] = state.cmpFilter[key] || { status: flipped ? "flipped" : "all", text: "" };
-      function rerender() { setMain.apply(null, view()); }
+      var here = location.hash;
+      function rerender() { if (location.hash === here) setMain.apply(null, view()); }
       function view() {
         var runsTable = table(["run", { label: "episodes on shared tasks", num: 1 }, { label: "success [Wilson 95%]", num: 1 }],
           doc.totals.runs.map(function (r, j) {
@@ -778,7 +781,8 @@
       var cfg = doc.config || {};
       var metrics = doc.metrics;
       var keys = Object.keys(metrics.series);
-      function rerender() { var y = window.scrollY; var main = document.getElementById("main"); main.replaceChildren.apply(main, view()); window.scrollTo(0, y); }
+      var here = location.hash;
+      function rerender() { if (location.hash !== here) return; var y = window.scrollY; var main = document.getElementById("main"); main.replaceChildren.apply(main, view()); window.scrollTo(0, y); }
       function view() {
         var sub = [run.path];
         if (cfg.run && cfg.run.algorithm) sub.push(cfg.run.algorithm);
