@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,11 @@ from typing import Any
 from agentgym.eval.stats import wilson_interval
 
 __all__ = ["breakdown", "compare", "heldout_curve", "metric_series", "success_interval"]
+
+
+def _natural(s: str) -> list[tuple[int, int | str]]:
+    """Sort key that puts ``guess-9`` before ``guess-17``."""
+    return [(0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", s)]
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -110,7 +116,7 @@ def compare(tables: Sequence[tuple[int, Sequence[dict[str, Any]]]]) -> dict[str,
     counts: dict[str, int] = defaultdict(int)
     shared_succ = [0] * n_runs
     shared_n = [0] * n_runs
-    for (env, task), per_run in sorted(cells.items()):
+    for (env, task), per_run in sorted(cells.items(), key=lambda kv: (kv[0][0], _natural(kv[0][1]))):
         runs: list[dict[str, Any]] = []
         for rows in per_run:
             rows = sorted(rows, key=lambda r: (r["seed"] is None, r["seed"] or 0, r["sample"] or 0, r["id"]))

@@ -207,6 +207,7 @@ def test_training_run_curves_stages_and_groups(driver: Any, server: ViewServer) 
     gate = wait_css(driver, "tr.gate")[0]
     assert "stopped the group here" in gate.text and "mean pairwise distance 0.050 < 0.12" in gate.text
     assert len(css(driver, ".grid thead th")) == 3  # step + two members side by side
+    assert [e.text for e in css(driver, ".grid tbody tr:first-child pre")] == ["guess(n=31)", "guess(n=31)"]
     open_page(driver, server.url + "#/run/3")
     wait_css(driver, '.chart[data-chart="held-out success"] a', 3)
     driver.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))",

@@ -222,6 +222,7 @@ def test_compare_flips_pairs_and_totals() -> None:
                                  {"seed": 1, "sample": 0, "eps": [1, 0], "success": [False, True]}]
     assert doc["totals"]["status"] == {"gained": 1, "lost": 1, "same": 2, "partial": 1}
     assert [r["successes"] for r in doc["totals"]["runs"]] == [3, 3]  # over the 4 shared tasks only
+    assert [t["task"] for t in compare([(0, [_row("t10", True), _row("t9", True)])])["tasks"]] == ["t9", "t10"]
     three = compare([(0, before), (1, after), (2, before)])
     assert {t["task"]: t["status"] for t in three["tasks"]}["t2"] == "changed"  # first and last agree
 

@@ -200,7 +200,7 @@
   AGV.filters = { rowsOf: rowsOf, rowMatches: rowMatches, textMatches: textMatches, episodeText: episodeText };
 
   // ------------------------------------------------------------------------------------------- state
-  var state = { index: null, filters: {}, search: {}, sort: {}, limit: {}, gfilters: {}, cmpFilter: {}, extra: {} };
+  var state = { index: null, filters: {}, search: {}, sort: {}, limit: {}, gfilters: {}, glimit: {}, cmpFilter: {}, extra: {} };
   var rowCache = new WeakMap();
   function rowsOfDoc(doc, key) {
     var c = rowCache.get(doc);
@@ -471,7 +471,7 @@
     return load("run/" + run.id).then(function (doc) {
       crumbs(runCrumbs(run));
       var summary = doc.summary;
-      var proto = (summary && summary.protocol) || null;
+      var proto = (summary && summary.protocol) || (doc.run_json && doc.run_json.protocol) || null;  // run.json: written at the start
       var here = location.hash;
       function rerender() {
         if (location.hash !== here) return;  // the user went elsewhere (a search finishing late)
@@ -871,10 +871,11 @@
   function groupList(runId, doc) {
     var f = state.gfilters[runId] || {};
     var rows = rowsOfDoc(doc, "group_table").filter(function (g) { return groupMatches(g, f); });
+    var limit = state.glimit[runId] || 100;
     return h("div", { id: "glist" }, h("div", { class: "count" }, rows.length + " of " + doc.groups + " groups"),
       table([{ label: "#", num: 1 }, { label: "step", num: 1 }, "task", { label: "members", num: 1 }, { label: "reward mean", num: 1 },
         { label: "successes", num: 1 }, "", "outcome", "gate", { label: "tokens", num: 1 }],
-        rows.slice(0, 500).map(function (g) {
+        rows.slice(0, limit).map(function (g) {
           var tags = [];
           if (g.zero_variance) tags.push(badge("zero variance", "info"));
           if (g.early_stopped) tags.push(badge("early-stopped", "warn", g.stop_reason));
@@ -886,7 +887,21 @@
               " (" + g.gate_decisions + (g.gate_decisions === 1 ? " decision)" : " decisions)") : "–"),
             h("td", { class: "num" }, num(g.tokens)));
         })),
-      rows.length > 500 ? h("p", { class: "muted small" }, "First 500 shown; narrow the filters to see the rest.") : null);
+      rows.length > limit ? h("div", { class: "more" }, h("button", { onclick: function () {
+        state.glimit[runId] = limit + 100; document.getElementById("glist").replaceWith(groupList(runId, doc));
+      } }, "Show " + Math.min(100, rows.length - limit) + " more")) : null);
+  }
+
+  /* a canonical tool call ({"arguments": {...}, "name": ...}, as groups.jsonl logs it) as name(arguments) */
+  function callText(a) {
+    try {
+      var c = JSON.parse(a);
+      if (c && typeof c.name === "string" && c.arguments && typeof c.arguments === "object") {
+        var args = Object.keys(c.arguments).map(function (k) { return k + "=" + JSON.stringify(c.arguments[k]); });
+        return c.name + "(" + args.join(", ") + ")";
+      }
+    } catch (e) { /* a plain-text action */ }
+    return a;
   }
 
   function renderGroup(run, gid) {
@@ -905,7 +920,7 @@
           rows.push(h("tr", null, h("td", { class: "num" }, s + 1), members.map(function (m) {
             var a = m.calls[s] || m.actions[s];
             if (a === undefined) return h("td", { class: "muted" }, "—");
-            return h("td", { class: a === first && members.length > 1 ? "same" : null }, h("pre", null, a),
+            return h("td", { class: a === first && members.length > 1 ? "same" : null, title: a }, h("pre", null, callText(a)),
               isNum(m.turn_tokens[s]) ? h("div", { class: "muted small" }, m.turn_tokens[s] + " tokens") : null);
           })));
           if (stopStep !== null && s + 1 === stopStep) {
