@@ -13,8 +13,9 @@ must not be able to read them:
   ``Cross-Origin-Resource-Policy: same-origin``, so another site can neither ``fetch`` it nor include it
   as a script or image. ``frame-ancestors 'none'`` keeps the page out of other sites' frames.
 * **Token**: as with ``agentgym serve``, a non-loopback address needs a token; a token is compared in
-  constant time and accepted as ``Authorization: Bearer T``, as the ``agentgym_view`` cookie, or once as
-  ``?token=T``, which sets the cookie (HttpOnly, SameSite=Strict) and redirects to the clean URL.
+  constant time and accepted as ``Authorization: Bearer T``, as the ``agentgym_view_<port>`` cookie (one name
+  per port: browsers share cookies across the ports of a host), or once as ``?token=T``, which sets the cookie
+  (HttpOnly, SameSite=Strict) and redirects to the clean URL.
 * **CSP**: scripts and styles only from the server itself; transcripts are inserted as text, never as HTML.
 """
 
@@ -121,7 +122,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return True, False
         for part in (self.headers.get("Cookie") or "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE and hmac.compare_digest(urllib.parse.unquote(value).encode(), want):
+            if name == self.server.view.cookie and hmac.compare_digest(urllib.parse.unquote(value).encode(), want):
                 return True, False
         for value in query.get("token", []):
             if hmac.compare_digest(value.encode(), want):
@@ -156,7 +157,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         {"WWW-Authenticate": "Bearer"})
             return
         if from_query:  # set the cookie and drop the token from the address bar
-            cookie = f"{COOKIE}={urllib.parse.quote(self.server.view.token or '')}; HttpOnly; SameSite=Strict; Path=/"
+            view = self.server.view
+            cookie = f"{view.cookie}={urllib.parse.quote(view.token or '')}; HttpOnly; SameSite=Strict; Path=/"
             self._send(303, b"", "text/plain", {"Location": url.path or "/", "Set-Cookie": cookie})
             return
         path = url.path
@@ -178,6 +180,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = encode(self.server.view.site.document(doc_path))
         except DocumentNotFound as e:
             self._error(404, str(e))
+            return
+        except OSError as e:  # a run file removed or unreadable while the viewer runs
+            self._error(500, f"could not read the run's files: {e}")
             return
         self._send(200, body, "application/json; charset=utf-8")
 
@@ -226,7 +231,9 @@ class ViewServer:
         self.host = host
         self.port = int(sock.getsockname()[1])
         shown = f"[{host.strip('[]')}]" if ":" in host else host
-        self.allowed_hosts = {f"{h}:{self.port}" for h in ("127.0.0.1", "localhost", "[::1]", shown.lower())}
+        names = ("127.0.0.1", "localhost", "[::1]", shown.lower())
+        self.allowed_hosts = {f"{h}:{self.port}" for h in names} | (set(names) if self.port == 80 else set())
+        self.cookie = f"{COOKIE}_{self.port}"
         self._httpd = _Server(sock, self)
         self._thread: threading.Thread | None = None
 

@@ -48,8 +48,12 @@ _PATH = re.compile(r"^(?:index|run/(\d{1,6})(?:/(chunk|gchunk)/(\d{1,9}))?|compa
 
 
 def encode(doc: Any) -> bytes:
-    """Strict JSON (no NaN), UTF-8."""
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    """Strict JSON (no NaN), UTF-8; a text with a lone surrogate (which JSON files can hold) is escaped."""
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(doc, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
 def _obj(v: Any) -> dict[str, Any]:

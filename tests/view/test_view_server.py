@@ -89,12 +89,13 @@ def test_token_rules(site: Site) -> None:
         assert get(srv, "/data/index.json")[0] == 401
         assert get(srv, "/")[0] == 401
         assert get(srv, "/data/index.json", {"Authorization": "Bearer wrong"})[0] == 401
-        assert get(srv, "/data/index.json", {"Cookie": "agentgym_view=wrong"})[0] == 401
+        assert get(srv, "/data/index.json", {"Cookie": f"agentgym_view_{srv.port}=wrong"})[0] == 401
+        assert get(srv, "/data/index.json", {"Cookie": "agentgym_view=s3cret%20t"})[0] == 401  # another port's name
         assert get(srv, "/data/index.json", {"Authorization": "Bearer s3cret t"})[0] == 200
         status, headers, _ = get(srv, "/?token=s3cret%20t")
         assert status == 303 and headers["location"] == "/"
         cookie = headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert cookie.startswith(f"agentgym_view_{srv.port}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
         jar = cookie.split(";")[0]
         assert get(srv, "/", {"Cookie": jar})[0] == 200
         assert get(srv, "/data/run/0.json", {"Cookie": "other=1; " + jar})[0] == 200
@@ -112,3 +113,24 @@ def test_non_loopback_bind_with_a_token_accepts_any_host_name(site: Site) -> Non
 def test_port_in_use_is_a_clear_error(site: Site) -> None:
     with ViewServer(site) as srv, pytest.raises(ConfigurationError, match="cannot listen"):
         ViewServer(site, port=srv.port)
+
+
+def test_odd_text_and_files_that_vanish(runs: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from view_runs import trajectory
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["before"], run)
+    line = json.dumps(trajectory("lone", text="half a pair: \ud800 here").to_dict())  # escaped, as JSON allows
+    with open(run / "episodes.jsonl", "a") as f:
+        f.write(line + "\n")
+    with ViewServer(Site([run])) as srv:
+        status, _, body = get(srv, "/data/run/0/chunk/0.json")
+        assert status == 200
+        texts = [t["text"] for e in json.loads(body)["episodes"] for t in e["turns"]]
+        assert "half a pair: \ud800 here" in texts
+        (run / "episodes.jsonl").unlink()
+        status, _, body = get(srv, "/data/run/0/chunk/0.json")
+        assert status == 200 and json.loads(body)["episodes"] == []  # the index saw the file go
+        assert json.loads(get(srv, "/data/run/0.json")[2])["episodes"] == 0
