@@ -18,6 +18,8 @@ import pytest
 from agentgym.errors import ConfigurationError
 from agentgym.view import Site, export_site
 
+pytestmark = pytest.mark.slow  # subprocesses and a server
+
 AGENTGYM = [sys.executable, "-m", "agentgym"]
 
 

@@ -12,6 +12,8 @@ import pytest
 from agentgym.errors import ConfigurationError
 from agentgym.view import Site, ViewServer
 
+pytestmark = pytest.mark.slow  # a real server on loopback
+
 
 def get(srv: ViewServer, path: str, headers: dict[str, str] | None = None,
         method: str = "GET") -> tuple[int, dict[str, str], bytes]:
