@@ -37,8 +37,12 @@ DecodeFn = Callable[[bytes], Any]
 
 
 def json_record(line: bytes) -> Any:
-    """A whole JSON line (Python's json: it also reads the ``NaN`` and ``Infinity`` that our writers allow)."""
-    return json.loads(line)
+    """A whole JSON line: ``msgspec`` (a few times faster), or Python's ``json`` for what msgspec refuses and our
+    writers allow (``NaN``, ``Infinity``, integers beyond 64 bits)."""
+    try:
+        return msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return json.loads(line)
 
 
 class _TurnHead(msgspec.Struct, frozen=True):
@@ -351,17 +355,17 @@ def episode_view(rec: dict[str, Any], id: int) -> dict[str, Any]:
         })
     info = {k: v for k, v in _d(rec.get("info")).items() if k not in ("actions",)}
     opening = messages[:first_assistant] if turns else messages
-    return jsonable({
+    return {  # built from finite numbers and strings, but for the dicts passed through from the file
         **row, "id": id,
         "group": _str(rec.get("group_id"), 500),
         "error": _str(rec.get("error"), 5000),
         "opening": [_message(m) for m in opening],
         "turns": turns,
-        "policy_rewards": _d(rec.get("policy_rewards")),
-        "metrics": _d(rec.get("metrics")),
-        "timing": _d(rec.get("timing")),
-        "info": {k: (cap(v, 2000) if isinstance(v, str) else v) for k, v in info.items()},
-    })
+        "policy_rewards": jsonable(_d(rec.get("policy_rewards"))),
+        "metrics": jsonable(_d(rec.get("metrics"))),
+        "timing": jsonable(_d(rec.get("timing"))),
+        "info": jsonable({k: (cap(v, 2000) if isinstance(v, str) else v) for k, v in info.items()}),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ groups
