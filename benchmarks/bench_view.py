@@ -7,7 +7,8 @@ third solved), about 8 KB a line. Figures, over ``--reps`` repetitions, the arms
 
 * ``index_build_s`` (``json`` vs ``msgspec``): build the episode index (every row) from the file with Python's
   ``json`` decoding whole lines, and with the typed head decoder the viewer uses; both produce the same rows
-  (checked).
+  (checked). ``*_cpu_s``: the CPU seconds this process spent on it (``time.process_time``): the work itself,
+  which the wall-clock on a shared machine inflates by the time spent waiting for a core.
 * ``open_http_s``: a cold start: a new ``Site`` and server, then what the page requests before it shows the run
   (``/``, ``app.js``, ``app.css``, ``data/index.json``, ``data/run/0.json``: the episode table, summary and
   breakdown). ``run_doc_bytes`` is the size of that last document.
@@ -44,7 +45,7 @@ from agentgym.eval.stats import mean_ci
 from agentgym.rollout.jsonl import append_jsonl
 from agentgym.types import Trajectory, Turn
 from agentgym.view import Site, ViewServer
-from agentgym.view.index import JsonlIndex, episode_head, episode_key, episode_row, json_record
+from agentgym.view.index import JsonlIndex, episode_head, episode_key, episode_row
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "view.json"
@@ -110,21 +111,21 @@ def get(port: int, path: str) -> bytes:
         conn.close()
 
 
-def index_build(path: Path, decode: Any) -> tuple[float, list[dict[str, Any]]]:
-    t = time.perf_counter()
+def index_build(path: Path, decode: Any) -> tuple[float, float, list[dict[str, Any]]]:
+    t, c = time.perf_counter(), time.process_time()
     idx = JsonlIndex(path, episode_row, episode_key, decode=decode)
     idx.refresh()
-    return time.perf_counter() - t, idx.rows
+    return time.perf_counter() - t, time.process_time() - c, idx.rows
 
 
-def open_http(run: Path) -> tuple[float, int]:
-    t = time.perf_counter()
+def open_http(run: Path) -> tuple[float, float, int]:
+    t, c = time.perf_counter(), time.process_time()
     with ViewServer(Site([run])) as srv:
         for p in ("/", "/app.js", "/app.css", "/data/index.json"):
             get(srv.port, p)
         size = len(get(srv.port, "/data/run/0.json"))
-        dt = time.perf_counter() - t
-    return dt, size
+        dt, dc = time.perf_counter() - t, time.process_time() - c
+    return dt, dc, size
 
 
 def warm_reads(run: Path, episodes: int) -> tuple[float, float]:
@@ -199,24 +200,27 @@ def main() -> None:
         print(f"wrote {args.episodes} episodes ({(run / 'episodes.jsonl').stat().st_size / 1e6:.1f} MB) in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
         # warm-up: every arm once (the file in the page cache, imports, the browser's first start)
-        index_build(run / "episodes.jsonl", json_record)
+        index_build(run / "episodes.jsonl", json.loads)
         index_build(run / "episodes.jsonl", episode_head)
         open_http(run)
         if browser:
             browser.open_run(run)
-        arms: dict[str, list[float]] = {k: [] for k in ("index_build_json_s", "index_build_msgspec_s", "open_http_s",
-                                                        "episode_s", "search_load_s", "browser_s")}
+        arms: dict[str, list[float]] = {k: [] for k in (
+            "index_build_json_s", "index_build_msgspec_s", "open_http_s", "index_build_json_cpu_s",
+            "index_build_msgspec_cpu_s", "open_http_cpu_s", "episode_s", "search_load_s", "browser_s")}
         run_doc_bytes = 0
         for rep in range(args.reps):
             order = ["json", "msgspec"] if rep % 2 == 0 else ["msgspec", "json"]
             rows: dict[str, list[dict[str, Any]]] = {}
             for arm in order:
-                dt, rows[arm] = index_build(run / "episodes.jsonl", json_record if arm == "json" else episode_head)
+                dt, dc, rows[arm] = index_build(run / "episodes.jsonl", json.loads if arm == "json" else episode_head)
                 arms[f"index_build_{arm}_s"].append(dt)
+                arms[f"index_build_{arm}_cpu_s"].append(dc)
             if rows["json"] != rows["msgspec"]:
                 raise SystemExit("the two decoders built different rows")
-            dt, run_doc_bytes = open_http(run)
+            dt, dc, run_doc_bytes = open_http(run)
             arms["open_http_s"].append(dt)
+            arms["open_http_cpu_s"].append(dc)
             ep, search = warm_reads(run, args.episodes)
             arms["episode_s"].append(ep)
             arms["search_load_s"].append(search)

@@ -976,7 +976,10 @@
         else p = renderCompare(ids);
       } else throw new Error("no page " + location.hash);
     } catch (e) { showError(e); return; }
-    if (p) p.catch(showError);
+    if (p) {
+      status("loading…");
+      p.then(function () { if (document.getElementById("status").textContent === "loading…") status(""); }, showError);
+    }
   }
 
   function start() {
