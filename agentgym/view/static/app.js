@@ -254,8 +254,7 @@
     var cmp = h("ul");
     idx.comparisons.forEach(function (ids) {
       var href = "#/compare/" + ids.join(",");
-      cmp.appendChild(h("li", null, h("a", { href: href, class: activeHash === href ? "active" : null },
-        ids.map(function (i) { var r = runInfo(i); return r.stage || r.name; }).join(" → "))));
+      cmp.appendChild(h("li", null, h("a", { href: href, class: activeHash === href ? "active" : null }, comparisonLabel(ids))));
     });
     var parts = [h("h3", null, "Runs"), list];
     if (idx.comparisons.length) parts.push(h("h3", null, "Comparisons"), cmp);
@@ -263,6 +262,16 @@
       parts.push(h("h3", null, "Data"), h("button", { onclick: reload, title: "Read the run folders again (a run in progress shows its new episodes)" }, "Reload"));
     } else parts.push(h("p", { class: "muted small" }, "Static export: the data as it was when exported."));
     side.replaceChildren.apply(side, parts);
+  }
+
+  /* "grpo: before → after" for stages of one training run, else the runs' labels */
+  function comparisonLabel(ids) {
+    var runs = ids.map(runInfo);
+    var parent = runs[0].parent;
+    if (parent !== null && parent !== undefined && runs.every(function (r) { return r.parent === parent; })) {
+      return runInfo(parent).name + ": " + runs.map(function (r) { return r.stage; }).join(" → ");
+    }
+    return runs.map(function (r) { return r.name; }).join(" → ");
   }
 
   function reload() {
@@ -288,9 +297,10 @@
       } else if (r.kind === "train") {
         var res = r.result || {};
         var b = res.before && res.before.success, a = res.after && res.after.success;
-        body.push(h("div", { class: "big" }, isNum(b) || isNum(a) ? pct(b) + " → " + pct(a) : "training"));
+        body.push(h("div", { class: "big" }, isNum(b) || isNum(a) ? pct(b) + " → " + pct(a) :
+          h("span", { class: "muted small" }, r.result && Object.keys(r.result).length ? "no held-out eval before and after" : "no result.json yet (running, or stopped)")));
         body.push(h("div", { class: "muted small" }, [r.algorithm, isNum(res.steps) ? res.steps + " steps" : null,
-          r.children.length + " held-out evals", r.has_groups ? "groups logged" : null].filter(Boolean).join(" · ")));
+          r.children.length + (r.children.length === 1 ? " held-out eval" : " held-out evals"), r.has_groups ? "groups logged" : null].filter(Boolean).join(" · ")));
       } else body.push(h("div", { class: "muted small" }, "trajectory file"));
       return h("a", { href: "#/run/" + r.id, class: "card", style: null },
         h("div", { class: "title" }, r.name), h("div", { class: "muted small" }, r.kind), body);
@@ -299,7 +309,7 @@
     if (idx.comparisons.length) {
       parts.push(h("h2", null, "Comparisons"));
       parts.push(h("ul", null, idx.comparisons.map(function (ids) {
-        return h("li", null, h("a", { href: "#/compare/" + ids.join(",") }, ids.map(function (i) { return runInfo(i).name; }).join("  →  ")));
+        return h("li", null, h("a", { href: "#/compare/" + ids.join(",") }, comparisonLabel(ids)));
       })));
     }
     setMain.apply(null, parts);
