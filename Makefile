@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := bubblewrap docker.io sqlite3 procps
+APT_PACKAGES := bubblewrap docker.io sqlite3 procps chromium chromium-driver
 EXTRAS := hf,ray,docker,code,search,dense,report,openenv,train,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=

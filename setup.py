@@ -17,6 +17,7 @@ for namespace, folder in MAPPED.items():
 setup(
     packages=packages,
     package_dir=MAPPED,
-    package_data={"": ["py.typed", "*.json", "*.jsonl", "*.jsonl.gz", "*.gz", "*.txt", "*.tsv", "*.pddl", "*.twl2"]},
+    package_data={"": ["py.typed", "*.json", "*.jsonl", "*.jsonl.gz", "*.gz", "*.txt", "*.tsv", "*.pddl", "*.twl2"],
+                  "agentgym.view.static": ["*.html", "*.js", "*.css"]},
     include_package_data=True,
 )

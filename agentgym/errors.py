@@ -32,7 +32,8 @@ Three cases stay distinct (STYLE.md, principle 12):
     ├── TokenizationError             the chat template breaks the prefix property (drift)
     ├── TrainingDataError             a trajectory's token bookkeeping is inconsistent (lengths differ)
     ├── TrainingDiverged              repeated non-finite losses or gradients stopped a training run
-    └── WeightSyncError               a weight update cannot be applied (version not newer, bad delta)
+    ├── WeightSyncError               a weight update cannot be applied (version not newer, bad delta)
+    └── DocumentNotFound              the run viewer has no such document (run, chunk, comparison)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "ConfigurationError",
     "ContextLengthExceeded",
     "DependencyNotInstalled",
+    "DocumentNotFound",
     "EnvError",
     "EnvServerAtCapacity",
     "EnvServerError",
@@ -199,3 +201,10 @@ class TrainingDiverged(AgentGymError, RuntimeError):
 
 class WeightSyncError(AgentGymError, ValueError):
     """A weight update was refused: its version is not newer than the served one, or it does not fit."""
+
+
+class DocumentNotFound(AgentGymError, KeyError):
+    """``agentgym view`` was asked for a document it does not have (an unknown run, chunk or comparison)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])

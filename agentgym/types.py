@@ -106,6 +106,9 @@ class Turn:
             policy in the episode, or a restart after the chat template could not be continued
             token-exactly (or a message-mode backend re-tokenized the history). A restart starts a
             new training :class:`Segment`.
+        parse_error: Why the env could not parse this turn's action (its ``info["parse_error"]``), else
+            ``None``.
+        timing: Seconds this turn took: ``policy_s`` (the policy call) and ``env_s`` (the env step).
     """
 
     policy_id: str
@@ -119,6 +122,8 @@ class Turn:
     finish_reason: str = "stop"
     reward: float = 0.0
     new_session: bool = False
+    parse_error: str | None = None
+    timing: dict[str, float] = field(default_factory=dict)
 
     def token_versions(self) -> list[int]:
         """``[len(completion)]`` the weight version of each completion token.

@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "agentgym.cli.retriever",
     "agentgym.cli.serve",
     "agentgym.cli.train",
+    "agentgym.cli.view",
 ]
 
 app = typer.Typer(

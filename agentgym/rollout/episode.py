@@ -434,10 +434,11 @@ class Episode:
                 raise TruncatedEpisode("max_wall_s") from None
             raise
         finally:
-            self.timing["policy_s"] += time.monotonic() - t
+            policy_s = time.monotonic() - t
+            self.timing["policy_s"] += policy_s
         turn = Turn(policy_id=conv.policy.policy_id, prompt_token_ids=delta, completion_token_ids=list(gen.token_ids),
                     completion_logprobs=list(gen.logprobs), weight_version=gen.weight_version, text=gen.text,
-                    finish_reason=gen.finish_reason, new_session=new_session)
+                    finish_reason=gen.finish_reason, new_session=new_session, timing={"policy_s": policy_s})
         self.traj.turns.append(turn)
         return turn
 
@@ -453,7 +454,9 @@ class Episode:
         t = time.monotonic()
         obs, reward, terminated, truncated, info = await self.runtime.call(self.env.step, action,
                                                                            timeout=self.limits.env_timeout_s)
-        self.timing["env_s"] += time.monotonic() - t
+        env_s = time.monotonic() - t
+        self.timing["env_s"] += env_s
+        turn.timing["env_s"] = env_s
         obs = list(obs)
         turn.observation = obs
         turn.tool_calls = list(info.get("tool_calls") or [])
@@ -463,6 +466,7 @@ class Episode:
         tr.messages.extend(obs)
         if info.get("parse_error"):
             self.parse_errors += 1
+            turn.parse_error = str(info["parse_error"])
         self.env_metrics = dict(info.get("metrics") or self.env_metrics)
         self.actions.append(canonical_action(turn.tool_calls, info.get("command"), turn.text))
         if self.monitor is not None:

@@ -1,0 +1,1 @@
+"""The run viewer's page: ``index.html``, ``app.js`` and ``app.css`` (data files, no Python)."""
