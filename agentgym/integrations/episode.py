@@ -111,10 +111,10 @@ class ToolEpisode:
         else:
             args = dict(arguments or {})
         cid = call_id or f"call_{self.steps}"
-        action: Message = {
+        action: dict[str, Any] = {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],  # type: ignore[list-item]
+            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],
         }
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.steps += 1
