@@ -24,6 +24,8 @@ import agentgym  # noqa: E402
 from agentgym.integrations.episode import EPISODE_OVER  # noqa: E402
 from agentgym.integrations.openai_agents import env_tools  # noqa: E402
 
+pytestmark = pytest.mark.slow  # an HTTP model server on 127.0.0.1
+
 
 def _binary_search_reply(body: dict[str, Any]) -> dict[str, Any]:
     lo, hi = 0, 63

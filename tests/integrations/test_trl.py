@@ -26,7 +26,7 @@ from agentgym.integrations.trl import AgentGymSpec, add_response_template  # noq
 from agentgym.serve.server import EnvServer  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # HTTP servers on 127.0.0.1, vf-eval subprocesses
+
 
 def _reply(body: dict[str, Any]) -> dict[str, Any]:
     """A scripted model: Demo-v0 by binary search; SQL-v0: one query, then a submitted answer."""
