@@ -116,10 +116,10 @@ def test_vf_eval_runs_sql_tasks_and_records_the_envs_reward(tmp_path: Path, mode
                       "--env.taskset.split", "test", "--select.limit", "2")
     assert len(traces) == 2
     for t in traces:
-        # a wrong answer submitted: the env ended the episode with its reward 0 and no success
+        # wrong answers: the env's reward 0, no success, and the episode ran until the env ended it
         assert t["rewards"]["agentgym"]["score"] == 0.0
-        assert t["metrics"]["agentgym_success"] == 0.0 and t["metrics"]["agentgym_steps"] == 2.0
-        assert t["metrics"]["agentgym_terminated"] == 1.0
+        assert t["metrics"]["agentgym_success"] == 0.0 and t["metrics"]["agentgym_steps"] >= 2.0
+        assert t["metrics"]["agentgym_terminated"] + t["metrics"]["agentgym_truncated"] >= 1.0
 
 
 def test_verifiers_openenv_action_parsing_accepts_hermes_text() -> None:
