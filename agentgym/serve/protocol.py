@@ -69,9 +69,14 @@ PROTOCOL = "agentgym-openenv/1"
 # ---------------------------------------------------------------------------------------------------------
 # /schema models (the hot path parses dicts by hand; these document the shapes and are tested against them)
 class AgentAction(BaseModel):
-    """One assistant turn, in OpenEnv's action envelope."""
+    """One assistant turn, in OpenEnv's action envelope.
 
-    model_config = ConfigDict(extra="forbid")
+    ``message`` is the schema's one required field, so a client that maps a plain-text reply onto the
+    action's required field (verifiers' OpenEnv taskset does) sends ``{"message": text}``; the MCP
+    actions (``call_tool``, ``list_tools``) leave it out, and the server reads them by ``type``.
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["message"]})
 
     type: Literal["message", "call_tool", "list_tools"] = Field(
         default="message", description="message: an assistant turn; call_tool/list_tools: OpenEnv MCP actions")
