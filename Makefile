@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := bubblewrap docker.io sqlite3 procps chromium chromium-driver
-EXTRAS := hf,ray,docker,code,search,dense,report,openenv,train,dev
+EXTRAS := hf,ray,docker,code,search,dense,report,openenv,train,trl,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 

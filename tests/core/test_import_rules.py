@@ -48,6 +48,7 @@ FOLDERS: dict[str, str] = {
 LAYERS: list[tuple[str, str]] = [
     ("agentgym.cli", "cli"),
     ("agentgym.__main__", "cli"),
+    ("agentgym.integrations", "edge"),
     ("agentgym.recipes", "recipes"),
     ("recipes", "recipes"),
     ("agentgym.envs", "envs"),
@@ -60,14 +61,19 @@ LAYERS: list[tuple[str, str]] = [
 FORBIDDEN_LAYERS: dict[str, dict[str, str]] = {
     "core": {"envs": "the core imports no env", "policies": "the core imports no policy",
              "trainers": "the core imports no trainer", "recipes": "only the CLI imports the recipes",
-             "cli": "nothing below the CLI imports it"},
+             "cli": "nothing below the CLI imports it", "edge": "nothing in the library imports an integration"},
     "envs": {"policies": "envs never import policies", "trainers": "envs never import trainers",
-             "recipes": "only the CLI imports the recipes", "cli": "nothing below the CLI imports it"},
+             "recipes": "only the CLI imports the recipes", "cli": "nothing below the CLI imports it",
+             "edge": "nothing in the library imports an integration"},
     "policies": {"envs": "policies never import envs", "trainers": "policies never import trainers",
-                 "recipes": "only the CLI imports the recipes", "cli": "nothing below the CLI imports it"},
+                 "recipes": "only the CLI imports the recipes", "cli": "nothing below the CLI imports it",
+                 "edge": "nothing in the library imports an integration"},
     "trainers": {"envs": "trainers see trajectories, never envs", "recipes": "only the CLI imports the recipes",
-                 "cli": "nothing below the CLI imports it"},
-    "recipes": {"cli": "nothing below the CLI imports it"},
+                 "cli": "nothing below the CLI imports it", "edge": "nothing in the library imports an integration"},
+    "recipes": {"cli": "nothing below the CLI imports it", "edge": "nothing in the library imports an integration"},
+    # adapters for other libraries (TRL, the Agents SDK, verifiers) sit at the edge beside the CLI: they may
+    # build policies and envs, and nothing but the CLI may import them
+    "edge": {"cli": "nothing below the CLI imports it", "recipes": "only the CLI imports the recipes"},
     "cli": {},
 }
 
