@@ -44,14 +44,14 @@ from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from agentgym.dataflow.weightsync import decode_payload, encode_payload, write_payload
+from agentgym.dataflow.weightsync import decode_payload, encode_payload, worker_error, write_payload
 from agentgym.errors import (
     ConfigurationError,
     DependencyNotInstalled,
     PolicyError,
     PolicyServerError,
     PolicyTimeout,
-    WeightSyncError,
+    WeightUpdateRejected,
 )
 from agentgym.policy import (
     Capabilities,
@@ -290,8 +290,9 @@ class VLLMPolicy(PolicyLifecycle):
             The names of the tensors that changed (for a LoRA adapter: the adapted weights).
 
         Raises:
-            WeightSyncError: ``version`` is not newer. ConfigurationError: the update does not fit
-            the model (nothing was applied).
+            VersionNotNewer: ``version`` is not newer. ChecksumMismatch: a delta's base differs from
+            the served weights. WeightUpdateRejected: the update does not fit the model. Nothing was
+            applied in any of these cases.
         """
         self._check_open()
         if mode not in ("drain", "abort", "inflight"):
@@ -300,7 +301,7 @@ class VLLMPolicy(PolicyLifecycle):
             check_version(self.weight_version, version)
             if isinstance(update, LoRAAdapter):
                 if not self.enable_lora:
-                    raise ConfigurationError("this VLLMPolicy was started without enable_lora=True; it cannot serve "
+                    raise WeightUpdateRejected("this VLLMPolicy was started without enable_lora=True; it cannot serve "
                                              "LoRA adapters (start it with enable_lora=True, or publish merged weights)")
                 lora = self._stage_lora(update, version)
                 try:
@@ -422,13 +423,13 @@ class VLLMPolicy(PolicyLifecycle):
         for m, (a, b) in adapter.weights.items():
             w = self._shapes.get(f"{m}.weight")
             if w is None:
-                raise ConfigurationError(f"LoRA adapter targets {m!r}, which the model does not have")
+                raise WeightUpdateRejected(f"LoRA adapter targets {m!r}, which the model does not have")
             if a.shape[0] != adapter.rank or b.shape[1] != adapter.rank or (b.shape[0], a.shape[1]) != tuple(w):
-                raise ConfigurationError(f"LoRA adapter for {m!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
+                raise WeightUpdateRejected(f"LoRA adapter for {m!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
                                          f"the weight {tuple(w)} at rank {adapter.rank}")
         max_rank = int(self._engine_args.get("max_lora_rank", 16))
         if adapter.rank > max_rank:
-            raise ConfigurationError(f"LoRA rank {adapter.rank} exceeds max_lora_rank={max_rank}")
+            raise WeightUpdateRejected(f"LoRA rank {adapter.rank} exceeds max_lora_rank={max_rank}")
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         folder = tempfile.mkdtemp(prefix="agentgym-lora-", dir=base)
         adapter.save_peft(folder)
@@ -496,16 +497,9 @@ class VLLMPolicy(PolicyLifecycle):
             elif reload_all:
                 await self.engine.collective_rpc("agentgym_reload_all")
             else:
-                try:
-                    (result,) = await self.engine.collective_rpc("agentgym_update", args=(payload,), kwargs={"verify": verify})
-                except Exception as e:  # the worker validates before writing: nothing was applied
-                    if isinstance(e, WeightSyncError) or "checksum mismatch" in str(e):
-                        raise WeightSyncError(str(e)) from e
-                    raise ConfigurationError(f"the engine refused the weight update: {e}") from e
-                if "error" in result:
-                    if "checksum mismatch" in result["error"]:
-                        raise WeightSyncError(result["error"])
-                    raise ConfigurationError(f"the engine refused the weight update: {result['error']}")
+                (result,) = await self.engine.collective_rpc("agentgym_update", args=(payload,), kwargs={"verify": verify})
+                if "error" in result:  # the worker validates before writing: nothing was applied
+                    raise worker_error(result, "the engine refused the weight update")
             if mode == "inflight":
                 # requests in flight keep their KV blocks; the rest of the prefix cache is dropped when possible
                 await self.engine.resume_generation()

@@ -112,8 +112,10 @@ class WeightWorkerExtension:
 
         try:
             return dict(fn())
-        except (KeyError, ValueError, TypeError, WeightSyncError) as e:
-            return {"error": f"{type(e).__name__}: {e}"}
+        except WeightSyncError as e:  # the class travels as data: the caller raises the same one
+            return {"error": str(e), "type": type(e).__name__}
+        except (KeyError, ValueError, TypeError) as e:
+            return {"error": f"{type(e).__name__}: {e}", "type": "WeightUpdateRejected"}
 
     def _agentgym_apply(self, full: dict[str, Any], idx: dict[str, Any], val: dict[str, Any], checks: dict[str, Any],
                         verify: bool = False) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import ConfigurationError, VersionNotNewer, WeightUpdateRejected
 
 if TYPE_CHECKING:
     import torch
@@ -168,7 +168,7 @@ def split_update(update: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[di
     Nothing is applied. Trainer-defined ``apply_to`` objects and LoRA adapters are not handled here.
 
     Raises:
-        ConfigurationError: unknown names, wrong shapes, indices out of range or of another length than values.
+        WeightUpdateRejected: unknown names, wrong shapes, indices out of range or of another length than values.
     """
     import torch
 
@@ -187,27 +187,27 @@ def split_update(update: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[di
             else:
                 full[name] = value
     else:
-        raise ConfigurationError(
+        raise WeightUpdateRejected(
             f"cannot apply a weight update of type {type(update).__name__}: pass a state dict, a WeightDelta, "
             "a LoRAAdapter, or an object with apply_to(state)"
         )
     for name, t in full.items():
         if name not in shapes:
-            raise ConfigurationError(f"weight update names {name!r}, which the model does not have")
+            raise WeightUpdateRejected(f"weight update names {name!r}, which the model does not have")
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shapes[name]):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ConfigurationError(f"weight {name!r} has shape {tuple(shapes[name])}, the update has {got}")
+            raise WeightUpdateRejected(f"weight {name!r} has shape {tuple(shapes[name])}, the update has {got}")
     for name, i in idx.items():
         if name not in shapes:
-            raise ConfigurationError(f"weight delta names {name!r}, which the model does not have")
+            raise WeightUpdateRejected(f"weight delta names {name!r}, which the model does not have")
         v = val.get(name)
         if v is None or v.numel() != i.numel():
-            raise ConfigurationError(f"weight delta for {name!r}: {i.numel()} indices but {0 if v is None else v.numel()} values")
+            raise WeightUpdateRejected(f"weight delta for {name!r}: {i.numel()} indices but {0 if v is None else v.numel()} values")
         numel = 1
         for d in shapes[name]:
             numel *= int(d)
         if i.numel() and (int(i.min()) < 0 or int(i.max()) >= numel):
-            raise ConfigurationError(f"weight delta for {name!r} has indices outside [0, {numel})")
+            raise WeightUpdateRejected(f"weight delta for {name!r} has indices outside [0, {numel})")
         idx[name] = i.reshape(-1).long()
         val[name] = v.reshape(-1)
     return full, idx, val
@@ -224,7 +224,7 @@ def apply_update(state: dict[str, torch.Tensor], update: Any) -> list[str]:
     import torch
 
     if isinstance(update, LoRAAdapter):
-        raise ConfigurationError(
+        raise WeightUpdateRejected(
             "this policy cannot load LoRA adapters: publish through agentgym.dataflow.weightsync.WeightSync "
             "(which sends the merged weights), or pass adapter.merged_into(policy.state_dict())"
         )
@@ -250,12 +250,12 @@ def check_version(current: int, new: int) -> int:
     """Validate a new weight version (strictly greater than ``current``) and return it.
 
     Raises:
-        WeightSyncError: ``new`` is not an int, is negative, or is not newer than ``current``.
+        VersionNotNewer: ``new`` is not an int, is negative, or is not newer than ``current``.
     """
     if not isinstance(new, int) or isinstance(new, bool) or new < 0:
-        raise WeightSyncError(f"weight version must be a non-negative int, got {new!r}")
+        raise VersionNotNewer(f"weight version must be a non-negative int, got {new!r}")
     if new <= current:
-        raise WeightSyncError(f"weight version {new} is not newer than the served version {current}; "
+        raise VersionNotNewer(f"weight version {new} is not newer than the served version {current}; "
                               "versions strictly increase (publish v+1)")
     return new
 

@@ -40,6 +40,12 @@ def _ray() -> Any:
     return ray
 
 
+def _cause(e: Exception) -> Exception:
+    """The exception a remote method raised (its own class and message), from Ray's wrapper."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, Exception) else e
+
+
 class _ServiceActor:
     """A RolloutService inside a Ray actor (decorated with ``ray.remote`` in :func:`_actor_classes`)."""
 
@@ -90,8 +96,7 @@ class RayService:
         except ray.exceptions.RayActorError as e:  # killed, crashed, or its node is gone
             raise ServiceDead(f"service {self.service_id} actor is dead: {type(e).__name__}") from None
         except ray.exceptions.RayTaskError as e:  # the method raised: re-raise the original error
-            cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
-            raise cause from None
+            raise _cause(e) from None
 
     async def submit(self, ticket: Ticket) -> None:
         await self._call("submit", ticket)
@@ -235,7 +240,7 @@ class RayRuntime:
         try:
             out: Batch = await self.flow.get_batch.remote(policy_id, n_groups, timeout)
         except _ray().exceptions.RayTaskError as e:
-            raise e.as_instanceof_cause() from None
+            raise _cause(e) from None
         return out
 
     async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
@@ -260,7 +265,7 @@ class RayRuntime:
         try:
             out: dict[str, Any] = await self.flow.check_ledger.remote(drained)
         except _ray().exceptions.RayTaskError as e:
-            raise e.as_instanceof_cause() from None
+            raise _cause(e) from None
         return out
 
     async def state_dict(self) -> dict[str, Any]:

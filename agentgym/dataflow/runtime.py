@@ -16,6 +16,7 @@ node (the factory must then be picklable by cloudpickle).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -23,10 +24,18 @@ from typing import Any, Protocol, runtime_checkable
 from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig, GroupFilter
 from agentgym.dataflow.service import LocalService, RolloutService, ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import (
+    ChecksumMismatch,
+    ConfigurationError,
+    PolicyError,
+    PolicyNotHosted,
+    WeightUpdateRejected,
+)
 from agentgym.rollout.workflow import Workflow
 
-__all__ = ["EmbeddedRuntime", "FlowRuntime", "ServiceSpec", "build_service", "make_runtime"]
+__all__ = ["EmbeddedRuntime", "FlowRuntime", "ServiceSpec", "build_service", "make_runtime", "publish_to"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,33 +100,52 @@ class FlowRuntime(Protocol):
 
 async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
     """Send ``update`` (version ``version``) to every live service that hosts ``policy_id``; then the
-    flow moves to that version. Returns ``{service: "ok" | "full" | error}``.
+    flow moves to that version. Returns ``{service: outcome}``.
 
     ``update`` may be a delta against version ``version - 1``; a service that is not at that version
-    (it joined late, or missed an update) gets ``full`` (the whole state) instead, when given. A
-    service that fails to apply an update is taken out rather than left serving old weights.
+    (it joined late, or missed an update) gets ``full`` (the whole state) instead, when given, and so
+    does a service that refuses the delta with :class:`~agentgym.errors.ChecksumMismatch`. Each
+    outcome is decided by the error's type:
+
+    * ``"ok"`` / ``"full"``: applied (``"full"``: the whole state was sent);
+    * ``"skipped"``: the service does not host the policy (:class:`~agentgym.errors.PolicyNotHosted`);
+    * ``"dead"``: the service is gone (:class:`~agentgym.dataflow.service.ServiceDead`; the flow's
+      heartbeat resubmits its work);
+    * ``"removed"``: the service cannot apply the update (:class:`~agentgym.errors.WeightUpdateRejected`,
+      a checksum mismatch with no full state to fall back to, or its engine failed:
+      :class:`~agentgym.errors.PolicyError`). It keeps old weights, so it is taken out of the pool
+      rather than left generating tokens tagged with a version they were not sampled from.
+
+    Raises:
+        VersionNotNewer: ``version`` is not newer than a service's (the publisher's mistake).
     """
     out: dict[str, str] = {}
 
+    async def take_out(sid: str, e: Exception) -> None:
+        out[sid] = f"removed: {type(e).__name__}: {e}"
+        log.warning("service %s cannot apply %s v%d and is taken out: %s", sid, policy_id, version, e)
+        await flow.remove_service(sid, drain=False)
+
     async def one(sid: str) -> None:
-        svc = flow.services[sid]
+        handle = flow.services[sid].handle
         try:
             payload, how = update, "ok"
-            if full is not None:
-                current = await svc.handle.weight_version(policy_id)  # type: ignore[attr-defined]
-                if current != version - 1:
-                    payload, how = full, "full"
-            await svc.handle.update_weights(policy_id, payload, version)
+            if full is not None and await handle.weight_version(policy_id) != version - 1:
+                payload, how = full, "full"
+            try:
+                await handle.update_weights(policy_id, payload, version)
+            except ChecksumMismatch:
+                if full is None or payload is full:
+                    raise
+                payload, how = full, "full"
+                await handle.update_weights(policy_id, payload, version)
             out[sid] = how
-        except ConfigurationError as e:  # this service does not host the policy
-            out[sid] = f"skipped: {e}"
+        except PolicyNotHosted:
+            out[sid] = "skipped"
         except ServiceDead as e:
             out[sid] = f"dead: {e}"
-        except WeightSyncError:
-            raise  # the publisher's mistake (a version that is not newer), not the service's
-        except Exception as e:  # an update a service cannot apply: take it out rather than serve old weights
-            out[sid] = f"failed: {type(e).__name__}: {e}"
-            await flow.remove_service(sid, drain=False)
+        except (WeightUpdateRejected, ChecksumMismatch, PolicyError) as e:
+            await take_out(sid, e)
 
     await asyncio.gather(*(one(sid) for sid in flow.live_services()))
     flow.set_version(policy_id, version)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agentgym.dataflow.ledger import Ticket
-from agentgym.errors import AgentGymError, ConfigurationError
+from agentgym.errors import AgentGymError, ConfigurationError, PolicyNotHosted
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.runtime import RolloutRuntime
 from agentgym.rollout.workflow import GroupRequest, Workflow
@@ -164,7 +164,7 @@ class RolloutService:
         try:
             return self.policies[policy_id]
         except KeyError:
-            raise ConfigurationError(f"service {self.service_id} hosts no policy {policy_id!r}; it hosts "
+            raise PolicyNotHosted(f"service {self.service_id} hosts no policy {policy_id!r}; it hosts "
                                      f"{sorted(self.policies)}") from None
 
     def _queue(self) -> asyncio.Queue[ServiceResult]:

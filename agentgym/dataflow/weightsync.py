@@ -44,7 +44,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import (
+    ChecksumMismatch,
+    ConfigurationError,
+    VersionNotNewer,
+    WeightSyncError,
+    WeightUpdateRejected,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +70,7 @@ __all__ = [
     "publish",
     "sparse_diff",
     "verify_checks",
+    "worker_error",
     "write_payload",
 ]
 
@@ -128,24 +135,24 @@ def decode_payload(payload: Any) -> tuple[dict[str, Any], dict[str, Any], dict[s
                 raw = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open is not a Mapping)
                 meta = fh.metadata() or {}
         except Exception as e:  # OSError, or safetensors' SafetensorError (an Exception subclass)
-            raise WeightSyncError(f"cannot read weight payload {payload[5:]!r}: {type(e).__name__}: {e}") from e
+            raise WeightUpdateRejected(f"cannot read weight payload {payload[5:]!r}: {type(e).__name__}: {e}") from e
         return _split_payload(raw, json.loads(meta.get("checks", "{}")))
     if isinstance(payload, str):
         if payload.startswith("b64:"):
             data = base64.b64decode(payload[4:])
         else:
-            raise WeightSyncError("a string weight payload must start with 'file:' or 'b64:'")
+            raise WeightUpdateRejected("a string weight payload must start with 'file:' or 'b64:'")
     elif isinstance(payload, bytes | bytearray | memoryview):
         data = bytes(payload)
     else:
-        raise WeightSyncError(f"unsupported weight payload {type(payload).__name__}")
+        raise WeightUpdateRejected(f"unsupported weight payload {type(payload).__name__}")
     from safetensors.torch import load
 
     try:
         raw = load(data)
         header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
     except Exception as e:  # safetensors' SafetensorError on damaged bytes, or bad JSON
-        raise WeightSyncError(f"damaged weight payload: {type(e).__name__}: {e}") from e
+        raise WeightUpdateRejected(f"damaged weight payload: {type(e).__name__}: {e}") from e
     return _split_payload(raw, json.loads((header.get("__metadata__") or {}).get("checks", "{}")))
 
 
@@ -157,7 +164,7 @@ def _split_payload(raw: Mapping[str, Any], checks: dict[str, Any]) -> tuple[dict
         kind, _, name = key.partition("/")
         {"full": full, "idx": idx, "val": val}[kind][name] = t
     if set(idx) != set(val):
-        raise WeightSyncError("sparse delta: indices and values name different tensors")
+        raise WeightUpdateRejected("sparse delta: indices and values name different tensors")
     return full, idx, val, checks
 
 
@@ -169,12 +176,12 @@ def verify_checks(state: Mapping[str, Any], indices: Mapping[str, Any], values: 
     bf16 deltas) is compared in the values' dtype, which is what the sender's shadow holds.
 
     Raises:
-        WeightSyncError: the payload was damaged, or the receiver's tensor is not the base the
+        ChecksumMismatch: the payload was damaged, or the receiver's tensor is not the base the
             delta was computed against (the sender must fall back to a full transfer).
     """
     for name, crc in (checks.get("payload") or {}).items():
         if name in indices and _payload_crc(indices[name], values[name]) != int(crc):
-            raise WeightSyncError(f"checksum mismatch: the delta for {name!r} was damaged in transit")
+            raise ChecksumMismatch(f"the delta for {name!r} was damaged in transit")
     for name, crc in (checks.get("base") or {}).items():
         if name not in state:
             continue
@@ -182,7 +189,7 @@ def verify_checks(state: Mapping[str, Any], indices: Mapping[str, Any], values: 
         if name in values and base.dtype != values[name].dtype:  # an fp32 receiver of bf16 deltas: compare in bf16
             base = base.to(values[name].dtype)
         if crc32_of(base) != int(crc):
-            raise WeightSyncError(f"checksum mismatch: {name!r} is not the base this delta was computed against")
+            raise ChecksumMismatch(f"{name!r} is not the base this delta was computed against")
 
 
 def sparse_diff(old: Any, new: Any) -> tuple[Any, Any]:
@@ -196,6 +203,21 @@ def sparse_diff(old: Any, new: Any) -> tuple[Any, Any]:
     idx = (o != n).nonzero().reshape(-1)
     idx = idx.to(torch.int32) if new.numel() < 2**31 else idx
     return idx, new.reshape(-1)[idx.long()]
+
+
+_WORKER_ERRORS: dict[str, type[WeightSyncError]] = {
+    "ChecksumMismatch": ChecksumMismatch, "VersionNotNewer": VersionNotNewer, "WeightUpdateRejected": WeightUpdateRejected}
+
+
+def worker_error(result: Any, context: str) -> WeightSyncError:
+    """The exception for a refusal a worker returned as data (``{"error": msg, "type": class name}``).
+
+    The class travels as a field (a worker RPC cannot raise without taking a served engine down); an
+    unknown or missing type is a refusal (:class:`~agentgym.errors.WeightUpdateRejected`).
+    """
+    kind = result.get("type") if isinstance(result, dict) else None
+    msg = result.get("error") if isinstance(result, dict) else result
+    return _WORKER_ERRORS.get(str(kind), WeightUpdateRejected)(f"{context}: {msg}")
 
 
 # --------------------------------------------------------------------------- link shim
@@ -437,7 +459,7 @@ class VLLMServerTarget:
                     staged = False  # commit clears the stage, whatever it answers
                     (result,) = self._rpc("agentgym_commit")
             if not isinstance(result, dict) or "error" in result:
-                raise WeightSyncError(f"{self.root} refused the update: {result}")
+                raise worker_error(result, f"{self.root} refused the update")
             changed = list(result.get("changed", []))
             self.client.post("/reset_prefix_cache")
             self.client.post("/update_weight_version", json={"new_version": str(version)}).raise_for_status()
@@ -648,9 +670,7 @@ class WeightSync:
         report.encode_s = time.perf_counter() - t
         try:
             report.changed_tensors = self._send(update, version, nbytes, report)
-        except WeightSyncError as e:
-            if "checksum mismatch" not in str(e) and not isinstance(self.target, VLLMServerTarget):
-                raise
+        except ChecksumMismatch:
             full_report = self._publish_full(state, version, "checksum_mismatch")
             full_report.link_s += report.link_s
             return full_report

@@ -88,6 +88,30 @@ async def test_contract_killed_service_loses_nothing(kind: str) -> None:
     assert len(trained) == len(set(trained)) == counts["states"]["trained"] == 9
 
 
+async def test_contract_service_that_cannot_apply_an_update_is_taken_out(kind: str) -> None:
+    """Issue 21: a service that refuses an update (here: a tensor of another shape) keeps its old weights, so it
+    leaves the pool; the other service serves the new version and the flow's version advances."""
+    torch = pytest.importorskip("torch")
+    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=2, max_staleness=0, poll_s=0.05))
+    await rt.start()
+    try:
+        await rt.add_service(spec("fits", shape=(4,)))
+        await rt.add_service(spec("misfit", shape=(3,)))
+        first = await rt.get_batch("policy", timeout=120)
+        out = await rt.publish("policy", {"w": torch.ones(4)}, 1)
+        live = await rt.live_services()
+        second = await rt.get_batch("policy", timeout=120)
+        stats = await rt.stats()
+        await rt.drain(timeout=60)
+        counts = await rt.check_ledger(drained=True)
+    finally:
+        await rt.stop()
+    assert out["fits"] == "ok" and out["misfit"].startswith("removed: WeightUpdateRejected"), out
+    assert live == ["fits"] and not stats["services"]["misfit"]["alive"]
+    assert first.versions == [0, 0] and second.versions == [1, 1] and stats["versions"]["policy"] == 1
+    assert counts["states"]["trained"] == 4
+
+
 async def test_contract_late_joiner_gets_weights_first(kind: str) -> None:
     rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=2, max_staleness=0, poll_s=0.05))
     await rt.start()

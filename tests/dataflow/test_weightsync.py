@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import ChecksumMismatch, ConfigurationError, WeightSyncError
 
 torch = pytest.importorskip("torch")
 from agentgym.policies.weights import LoRAAdapter, apply_update, check_version  # noqa: E402
@@ -178,10 +178,10 @@ def test_damaged_payload_is_refused_before_writing() -> None:
     verify_checks(state, {"m.weight": i}, {"m.weight": v}, checks)  # intact
     bad = v.clone()
     bad[0] = 1.0
-    with pytest.raises(WeightSyncError, match="damaged"):
+    with pytest.raises(ChecksumMismatch, match="damaged"):
         verify_checks(state, {"m.weight": i}, {"m.weight": bad}, checks)
     before = state["m.weight"].clone()
-    with pytest.raises(WeightSyncError, match="checksum mismatch"):
+    with pytest.raises(ChecksumMismatch):
         apply_update(state, {"indices": {"m.weight": i}, "values": {"m.weight": bad}, "checks": checks})
     assert torch.equal(state["m.weight"], before)
 

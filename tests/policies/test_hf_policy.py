@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from agentgym.policies.weights import WeightDelta
 
-from agentgym.errors import ConfigurationError, ContextLengthExceeded, PolicyTimeout, WeightSyncError
+from agentgym.errors import ContextLengthExceeded, PolicyTimeout, VersionNotNewer, WeightUpdateRejected
 from agentgym.policy import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -81,9 +81,9 @@ async def test_weight_updates_change_outputs_and_versions(hf_policy: Any) -> Non
         (after,) = await hf_policy.generate([req])
         assert after.weight_version == v0 + 1 and before.weight_version == v0
         assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs, strict=False)) > 1e-2
-        with pytest.raises(WeightSyncError, match="not newer"):
+        with pytest.raises(VersionNotNewer):
             hf_policy.update_weights({name: original}, v0 + 1)
-        with pytest.raises(ConfigurationError, match="does not have"):
+        with pytest.raises(WeightUpdateRejected, match="does not have"):
             hf_policy.update_weights({"no.such.weight": original}, v0 + 2)
     finally:
         await hf_policy.update_weights_async({name: original}, v0 + 2)

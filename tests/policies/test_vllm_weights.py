@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import ChecksumMismatch, VersionNotNewer, WeightUpdateRejected
 from agentgym.policy import GenRequest, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -92,11 +92,11 @@ async def test_sparse_delta_in_place_equals_full_reload(vllm_policy: Any, smollm
     (reloaded,) = await pol.generate([req])
     assert reloaded.token_ids == inplace.token_ids and reloaded.logprobs == inplace.logprobs  # bit-identical
     # validation happens before anything is written
-    with pytest.raises(ConfigurationError, match="outside"):
+    with pytest.raises(WeightUpdateRejected, match="outside"):
         pol.update_weights({NORM: (torch.tensor([10**6]), torch.tensor([1.0]))}, v + 3)
-    with pytest.raises(ConfigurationError, match="shape"):
+    with pytest.raises(WeightUpdateRejected, match="shape"):
         pol.update_weights({NORM: torch.ones(3)}, v + 3)
-    with pytest.raises(WeightSyncError, match="not newer"):
+    with pytest.raises(VersionNotNewer):
         pol.update_weights(delta, v + 2)
     pol.update_weights(dict(base), v + 3)  # restore, as full tensors
     (restored,) = await pol.generate([req])
@@ -308,7 +308,7 @@ async def test_weightsync_to_vllm_policy_and_server(vllm_policy: Any, vllm_serve
     update = {"indices": {n: i for n, (i, _) in back.items()}, "values": {n: v for n, (_, v) in back.items()},
               "checks": {"base": {n: crc32_of(step[n]) for n in back}, "payload": {n: _payload_crc(*back[n]) for n in back}}}
     target.chunk_bytes = 1 << 20  # two chunks, staged: the refusal at commit writes neither
-    with pytest.raises(WeightSyncError, match="checksum mismatch"):
+    with pytest.raises(ChecksumMismatch):
         target.apply(update, v0 + 2, 0)
     target.chunk_bytes = 32 << 20
     assert target.checksums([emb]) == {emb: expected[emb]} and target.version() == v0 + 1

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from agentgym.policies.weights import WeightDelta, apply_update, check_version
 
-from agentgym.errors import ConfigurationError
+from agentgym.errors import VersionNotNewer, WeightUpdateRejected
 
 torch = pytest.importorskip("torch")
 
@@ -48,25 +48,23 @@ def test_trainer_defined_delta_with_apply_to() -> None:
     assert apply_update(s, Scale()) == ["b"] and s["b"].tolist() == [2.0, 2.0, 2.0]
 
 
-def test_bad_updates_are_configuration_errors() -> None:
+def test_bad_updates_are_rejected() -> None:
     s = _state()
-    with pytest.raises(ConfigurationError, match="does not have"):
+    with pytest.raises(WeightUpdateRejected, match="does not have"):
         apply_update(s, {"zzz": torch.ones(1)})
-    with pytest.raises(ConfigurationError, match="shape"):
+    with pytest.raises(WeightUpdateRejected, match="shape"):
         apply_update(s, {"b": torch.ones(4)})
-    with pytest.raises(ConfigurationError, match="cannot apply"):
+    with pytest.raises(WeightUpdateRejected, match="cannot apply"):
         apply_update(s, [1, 2, 3])
 
 
 def test_versions_strictly_increase() -> None:
-    from agentgym.errors import WeightSyncError
-
     assert check_version(2, 3) == 3 and check_version(2, 5) == 5
-    with pytest.raises(WeightSyncError, match="not newer"):
+    with pytest.raises(VersionNotNewer, match="not newer"):
         check_version(2, 2)  # an equal version is a second, different update under the same name
-    with pytest.raises(WeightSyncError, match="not newer"):
+    with pytest.raises(VersionNotNewer, match="not newer"):
         check_version(5, 4)
-    with pytest.raises(WeightSyncError):
+    with pytest.raises(VersionNotNewer):
         check_version(0, -1)
-    with pytest.raises(WeightSyncError):
+    with pytest.raises(VersionNotNewer):
         check_version(0, True)  # type: ignore[arg-type]
