@@ -418,6 +418,7 @@ class DataFlow:
         return {"ledger": self.ledger.counts(), "versions": dict(self.versions), "served": dict(self.served),
                 "buffered": {p: len(b) for p, b in self.buffers.items()}, "requeued_waiting": len(self.queue),
                 "services": {sid: {"alive": s.alive, "ready": s.ready, "in_flight": len(s.in_flight),
+                                   "in_flight_tickets": sorted(s.in_flight, key=_ticket_no),
                                    "completed": s.completed} for sid, s in self.services.items()},
                 "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped},
                 "groups": {"finished": self.finished_groups, "episodes": self.finished_episodes,

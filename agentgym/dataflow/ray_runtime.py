@@ -166,6 +166,9 @@ class _FlowActor:
         self.flow.ledger.check(drained=drained)
         return self.flow.ledger.counts()
 
+    async def tickets(self, ticket_ids: list[str]) -> dict[str, dict[str, Any]]:
+        return self.flow.ledger.describe(ticket_ids)
+
     async def state_dict(self) -> dict[str, Any]:
         return self.flow.state_dict()
 
@@ -266,6 +269,10 @@ class RayRuntime:
             out: dict[str, Any] = await self.flow.check_ledger.remote(drained)
         except _ray().exceptions.RayTaskError as e:
             raise _cause(e) from None
+        return out
+
+    async def tickets(self, ticket_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = await self.flow.tickets.remote(list(ticket_ids))
         return out
 
     async def state_dict(self) -> dict[str, Any]:

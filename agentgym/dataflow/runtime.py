@@ -95,6 +95,8 @@ class FlowRuntime(Protocol):
 
     async def check_ledger(self, drained: bool = False) -> dict[str, Any]: ...
 
+    async def tickets(self, ticket_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+
     async def stop(self) -> None: ...
 
 
@@ -211,6 +213,10 @@ class EmbeddedRuntime:
     async def check_ledger(self, drained: bool = False) -> dict[str, Any]:
         self.flow.ledger.check(drained=drained)
         return self.flow.ledger.counts()
+
+    async def tickets(self, ticket_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each ticket's ledger record (states, last service, attempt, history)."""
+        return self.flow.ledger.describe(list(ticket_ids))
 
     async def state_dict(self) -> dict[str, Any]:
         return self.flow.state_dict()
