@@ -38,6 +38,7 @@ from agentgym.dataflow.runtime import EmbeddedRuntime, ServiceSpec
 from agentgym.dataflow.tasks import TaskRef
 from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle, SamplingParams
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
+from agentgym.weights import Publication, WeightUpdate
 
 RESULTS = Path(__file__).parent / "results" / "dataflow.json"
 PLOT = Path(__file__).parent / "results" / "dataflow_async.png"
@@ -110,7 +111,7 @@ async def run_elastic(n_services: int, spec_factory: Any, tasks: list[TaskRef], 
             nonlocal v
             batch = await rt.get_batch("policy", timeout=3600)
             v += 1
-            await rt.publish("policy", None, v)
+            await rt.publish("policy", Publication(v, WeightUpdate.full({})))
             return sum(t.num_generated_tokens for g in batch.groups for t in g)
 
         await step()  # warm-up (engines compiled, envs built)

@@ -49,6 +49,7 @@ import torch
 
 from agentgym.errors import ConfigurationError, TrainingDataError
 from agentgym.types import Trajectory
+from agentgym.weights import WeightPublisher
 
 from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -56,7 +57,7 @@ from .config import TrainConfig
 from .memory import memory_metrics
 from .metrics import GroupLog, MetricsLogger, flow_counters, plot_curves
 from .model import add_lora, load_causal_lm
-from .publish import WeightPublisher
+from .publish import publish_weights, resume_state
 from .rollout_setup import make_env, make_rollout_policy, make_workflow, policy_paths, service_workflows
 from .sft import sft_samples
 from .trainer import PolicyTrainer
@@ -233,7 +234,7 @@ class Recipe:
                 path = cfg.multi.verifier_path if pid == "verifier" and cfg.multi.verifier_path else cfg.model.path
                 base = load_causal_lm(path, m.dtype, m.device, m.gradient_checkpointing)
                 models[pid] = add_lora(base, pid, **lkw) if lora else base
-        rdt = _DT[cfg.rollout.rollout_dtype or ("bfloat16" if cfg.rollout.backend == "vllm" else m.dtype)]
+        rdt = cfg.rollout.rollout_dtype or ("bfloat16" if cfg.rollout.backend == "vllm" else m.dtype)
         for pid in pids:
             ref = None
             if cfg.loss.kl_coef > 0 and not lora:
@@ -244,7 +245,7 @@ class Recipe:
                                                loss=cfg.loss, adapter=pid if lora else None, ref_model=ref,
                                                total_steps=cfg.run.steps, seed=cfg.run.seed,
                                                autocast=_DT[m.autocast] if m.autocast else None)
-            self.publishers[pid] = WeightPublisher(models[pid], pid if lora else None, dtype=rdt, mode="auto")
+            self.publishers[pid] = WeightPublisher(dtype=rdt)  # encodes in the rollout policies' dtype
 
     def _build_rollout(self) -> None:
         """Eval policies here; rollout services on the dataflow runtime (GRPO only)."""
@@ -348,7 +349,7 @@ class Recipe:
 
     async def _start_rollout(self) -> None:
         """Start the dataflow runtime and its services; a resumed run brings everyone to its version."""
-        full = {pid: (pub.full_state(), self.version) for pid, pub in self.publishers.items()} if self.version else None
+        full = resume_state(self.version, self.publishers, self.trainers) if self.version else None
         shared = self._runtime is not None and self.cfg.dataflow.runtime == "embedded"
         if full and not shared:  # eval policies that no service shares
             for pid, pol in self.rollout_policies.items():
@@ -483,21 +484,9 @@ class Recipe:
     async def _publish(self, version: int) -> dict[str, Any]:
         """Send every trainer's new weights as ``version``: to the rollout services through the dataflow
         runtime (a service that is behind gets the full state) and to the eval policies."""
-        out: dict[str, Any] = {}
         shared = self._runtime is not None and self.cfg.dataflow.runtime == "embedded"
-        for pid, pub in self.publishers.items():
-            update, info = pub.build()
-            t0 = time.perf_counter()
-            if self._runtime is not None:
-                info["services"] = await self._runtime.publish(pid, update, version, full=pub.full_state())
-            pol = self.rollout_policies.get(pid)
-            if pol is not None and not shared:  # in the embedded runtime the eval policies are service 0's
-                await asyncio.to_thread(pol.update_weights, update, version)
-            info["apply_s"] = time.perf_counter() - t0
-            info["version"] = version
-            info["publish_s"] = info["build_s"] + info["apply_s"]
-            pub.history.append(info)
-            out[pid] = info
+        evals = {} if shared else self.rollout_policies  # in the embedded runtime the eval policies are service 0's
+        out = await publish_weights(version, self.publishers, self.trainers, self._runtime, evals)
         return out if len(out) != 1 else next(iter(out.values()))
 
     async def _evaluate(self, stage: str) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from agentgym.dataflow.ledger import Ticket
 from agentgym.dataflow.runtime import ServiceSpec, build_service, publish_to
 from agentgym.dataflow.service import ServiceDead, ServiceResult
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
-from agentgym.errors import ConfigurationError, DependencyNotInstalled
+from agentgym.errors import ConfigurationError, DependencyNotInstalled, WeightUpdateRejected
+from agentgym.weights import KEY_ENV, Publication, WeightUpdate, encode, shared_key
 
 __all__ = ["RayRuntime", "RayService"]
 
@@ -49,9 +50,12 @@ def _cause(e: Exception) -> Exception:
 class _ServiceActor:
     """A RolloutService inside a Ray actor (decorated with ``ray.remote`` in :func:`_actor_classes`)."""
 
-    def __init__(self, spec: ServiceSpec) -> None:
+    def __init__(self, spec: ServiceSpec, weights_key: bytes) -> None:
+        import os
+
+        os.environ[KEY_ENV] = weights_key.decode()  # for what the service builds here (a vLLM engine's workers)
         self.spec = spec
-        self.svc = build_service(spec)
+        self.svc = build_service(spec, weights_key=weights_key)
 
     async def submit(self, ticket: Ticket) -> None:
         await self.svc.submit(ticket)
@@ -64,11 +68,16 @@ class _ServiceActor:
 
         return {**await self.svc.status(), "node_id": ray.get_runtime_context().get_node_id()}
 
-    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]:
-        return await self.svc.update_weights(policy_id, update, version, **kwargs)
+    async def update_weights(self, policy_id: str, payload: bytes, version: int) -> list[str]:
+        if not isinstance(payload, bytes):  # across the process boundary only signed payloads are taken
+            raise WeightUpdateRejected("a service actor takes weight updates as signed payloads only")
+        return await self.svc.update_weights(policy_id, payload, version)
 
     async def weight_version(self, policy_id: str) -> int:
         return await self.svc.weight_version(policy_id)
+
+    async def weight_checksums(self, policy_id: str, names: list[str]) -> dict[str, int]:
+        return await self.svc.weight_checksums(policy_id, names)
 
     async def cancel(self, ticket_id: str, attempt: int) -> bool:
         return await self.svc.cancel(ticket_id, attempt)
@@ -80,9 +89,10 @@ class _ServiceActor:
 class RayService:
     """A :class:`~agentgym.dataflow.service.ServiceHandle` over a service actor (see the module docstring)."""
 
-    def __init__(self, actor: Any, service_id: str, call_timeout_s: float = 300.0) -> None:
+    def __init__(self, actor: Any, service_id: str, weights_key: bytes, call_timeout_s: float = 300.0) -> None:
         self.actor = actor
         self.service_id = service_id
+        self.weights_key = weights_key
         self.call_timeout_s = call_timeout_s
 
     async def _call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -109,12 +119,18 @@ class RayService:
         out: dict[str, Any] = await self._call("status")
         return out
 
-    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]:
-        out: list[str] = await self._call("update_weights", policy_id, update, version, **kwargs)
+    async def update_weights(self, policy_id: str, update: WeightUpdate | bytes, version: int) -> list[str]:
+        """Sent signed (:func:`agentgym.weights.encode`): the actor verifies it before any policy sees it."""
+        payload = encode(update, version, self.weights_key) if isinstance(update, WeightUpdate) else bytes(update)
+        out: list[str] = await self._call("update_weights", policy_id, payload, version)
         return out
 
     async def weight_version(self, policy_id: str) -> int:
         return int(await self._call("weight_version", policy_id))
+
+    async def weight_checksums(self, policy_id: str, names: list[str]) -> dict[str, int]:
+        out: dict[str, int] = await self._call("weight_checksums", policy_id, names)
+        return out
 
     async def cancel(self, ticket_id: str, attempt: int) -> bool:
         return bool(await self._call("cancel", ticket_id, attempt))
@@ -129,14 +145,15 @@ class _FlowActor:
     """DataFlow in an async Ray actor (decorated in :func:`_actor_classes`)."""
 
     def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig, seed: int,
-                 skipper: ZeroVarianceSkipper | None = None) -> None:
+                 skipper: ZeroVarianceSkipper | None, weights_key: bytes) -> None:
         self.flow = DataFlow(TaskStream(list(tasks), seed=seed, skipper=skipper), config)
+        self.weights_key = weights_key
 
     async def start(self) -> None:
         await self.flow.start()
 
     async def add_service(self, actor: Any, name: str, capacity: int, ready: bool) -> None:
-        self.flow.add_service(RayService(actor, name), capacity, ready=ready)
+        self.flow.add_service(RayService(actor, name, self.weights_key), capacity, ready=ready)
 
     async def mark_ready(self, name: str) -> None:
         self.flow.mark_ready(name)
@@ -147,8 +164,8 @@ class _FlowActor:
     async def get_batch(self, policy_id: str, n_groups: int | None, timeout: float | None) -> Batch:
         return await self.flow.get_batch(policy_id, n_groups, timeout)
 
-    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
-        return await publish_to(self.flow, policy_id, update, version, full)
+    async def publish(self, policy_id: str, publication: Publication) -> dict[str, str]:
+        return await publish_to(self.flow, policy_id, publication)
 
     async def step_done(self, policy_id: str) -> None:
         self.flow.step_done(policy_id)
@@ -198,34 +215,40 @@ class RayRuntime:
         skipper: GRESO-style zero-variance task skipping in the flow actor's task stream.
         address: A running cluster (``"127.0.0.1:6379"``); ``None`` starts (or joins) a local Ray.
         init_kwargs: Extra ``ray.init`` arguments (``runtime_env``, ``num_cpus``...).
+        weights_key: Signs weight updates to the service actors (default: ``AGENTGYM_WEIGHTS_KEY``, or
+            a new key for this run). Ray's own transport is pickle, so anyone who can call an actor can
+            run code in it: secure the cluster itself (Ray's token auth); the HMAC makes the services
+            take weights only from this runtime's publisher.
     """
 
     name = "ray"
 
     def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig | None = None, *, seed: int = 0,
                  address: str | None = None, init_kwargs: dict[str, Any] | None = None,
-                 skipper: ZeroVarianceSkipper | None = None) -> None:
+                 skipper: ZeroVarianceSkipper | None = None, weights_key: bytes | None = None) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
         self._service_cls, flow_cls = _actor_classes()
         self.config = config or DataflowConfig()
-        self.flow = flow_cls.remote(list(tasks), self.config, seed, skipper)
+        self._weights_key = weights_key or shared_key(create=True)
+        assert self._weights_key is not None
+        self.flow = flow_cls.remote(list(tasks), self.config, seed, skipper, self._weights_key)
         self.actors: dict[str, Any] = {}
 
     async def start(self) -> None:
         await self.flow.start.remote()
 
-    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None:
+    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[WeightUpdate, int]] | None = None) -> None:
         if spec.name in self.actors:
             raise ConfigurationError(f"a service is already named {spec.name!r}")
         opts: dict[str, Any] = {"resources": dict(spec.resources)} if spec.resources else {}
-        actor = self._service_cls.options(**opts).remote(spec)
+        actor = self._service_cls.options(**opts).remote(spec, self._weights_key)
         await actor.status.remote()  # built (policies loaded) before it joins
         self.actors[spec.name] = actor
         if weights:
             for pid, (state, version) in weights.items():
-                await actor.update_weights.remote(pid, state, version)
+                await actor.update_weights.remote(pid, encode(state, version, self._weights_key), version)
         await self.flow.add_service.remote(actor, spec.name, spec.capacity, True)
 
     async def remove_service(self, name: str, *, drain: bool = True) -> None:
@@ -246,8 +269,11 @@ class RayRuntime:
             raise _cause(e) from None
         return out
 
-    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
-        out: dict[str, str] = await self.flow.publish.remote(policy_id, update, version, full)
+    async def publish(self, policy_id: str, publication: Publication) -> dict[str, str]:
+        try:
+            out: dict[str, str] = await self.flow.publish.remote(policy_id, publication)
+        except _ray().exceptions.RayTaskError as e:
+            raise _cause(e) from None
         return out
 
     async def step_done(self, policy_id: str) -> None:

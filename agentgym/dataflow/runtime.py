@@ -32,6 +32,7 @@ from agentgym.errors import (
     WeightUpdateRejected,
 )
 from agentgym.rollout.workflow import Workflow
+from agentgym.weights import Publication, WeightUpdate
 
 __all__ = ["EmbeddedRuntime", "FlowRuntime", "ServiceSpec", "build_service", "make_runtime", "publish_to"]
 
@@ -63,10 +64,10 @@ class ServiceSpec:
     close_policies: bool = False
 
 
-def build_service(spec: ServiceSpec) -> RolloutService:
-    """Build the service a spec describes (in the calling process)."""
+def build_service(spec: ServiceSpec, *, weights_key: bytes | None = None) -> RolloutService:
+    """Build the service a spec describes (in the calling process); ``weights_key`` verifies signed updates."""
     return RolloutService(spec.name, spec.workflows(), max_groups=spec.capacity, max_concurrency=spec.max_concurrency,
-                          env_factory=spec.env_factory, close_policies=spec.close_policies)
+                          env_factory=spec.env_factory, close_policies=spec.close_policies, weights_key=weights_key)
 
 
 @runtime_checkable
@@ -75,7 +76,7 @@ class FlowRuntime(Protocol):
 
     async def start(self) -> None: ...
 
-    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None: ...
+    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[WeightUpdate, int]] | None = None) -> None: ...
 
     async def remove_service(self, name: str, *, drain: bool = True) -> None: ...
 
@@ -83,7 +84,7 @@ class FlowRuntime(Protocol):
 
     async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch: ...
 
-    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]: ...
+    async def publish(self, policy_id: str, publication: Publication) -> dict[str, str]: ...
 
     async def step_done(self, policy_id: str) -> None: ...
 
@@ -100,28 +101,29 @@ class FlowRuntime(Protocol):
     async def stop(self) -> None: ...
 
 
-async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
-    """Send ``update`` (version ``version``) to every live service that hosts ``policy_id``; then the
-    flow moves to that version. Returns ``{service: outcome}``.
+async def publish_to(flow: DataFlow, policy_id: str, publication: Publication) -> dict[str, str]:
+    """Send ``publication`` to every live service that hosts ``policy_id``; then the flow moves to its
+    version. Returns ``{service: outcome}``.
 
-    ``update`` may be a delta against version ``version - 1``; a service that is not at that version
-    (it joined late, or missed an update) gets ``full`` (the whole state) instead, when given, and so
-    does a service that refuses the delta with :class:`~agentgym.errors.ChecksumMismatch`. Each
-    outcome is decided by the error's type:
+    The fallback rules are the weights module's (:meth:`~agentgym.weights.Publication.choose`,
+    :meth:`~agentgym.weights.Publication.fallback`): a service that is not at the delta's base version
+    (it joined late, or missed an update) gets the whole state, and so does one that refuses the delta
+    with :class:`~agentgym.errors.ChecksumMismatch`. Each outcome is decided by the error's type:
 
-    * ``"ok"`` / ``"full"``: applied (``"full"``: the whole state was sent);
+    * ``"ok"``, ``"full: version_gap"``, ``"full: checksum_mismatch"``: applied;
     * ``"skipped"``: the service does not host the policy (:class:`~agentgym.errors.PolicyNotHosted`);
-    * ``"dead"``: the service is gone (:class:`~agentgym.dataflow.service.ServiceDead`; the flow's
+    * ``"dead: ..."``: the service is gone (:class:`~agentgym.dataflow.service.ServiceDead`; the flow's
       heartbeat resubmits its work);
-    * ``"removed"``: the service cannot apply the update (:class:`~agentgym.errors.WeightUpdateRejected`,
-      a checksum mismatch with no full state to fall back to, or its engine failed:
+    * ``"removed: ..."``: the service cannot apply the update (:class:`~agentgym.errors.WeightUpdateRejected`,
+      a checksum mismatch with no whole state to fall back to, or its engine failed:
       :class:`~agentgym.errors.PolicyError`). It keeps old weights, so it is taken out of the pool
       rather than left generating tokens tagged with a version they were not sampled from.
 
     Raises:
-        VersionNotNewer: ``version`` is not newer than a service's (the publisher's mistake).
+        VersionNotNewer: the version is not newer than a service's (the publisher's mistake).
     """
     out: dict[str, str] = {}
+    version = publication.version
 
     async def take_out(sid: str, e: Exception) -> None:
         out[sid] = f"removed: {type(e).__name__}: {e}"
@@ -131,17 +133,16 @@ async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int, 
     async def one(sid: str) -> None:
         handle = flow.services[sid].handle
         try:
-            payload, how = update, "ok"
-            if full is not None and await handle.weight_version(policy_id) != version - 1:
-                payload, how = full, "full"
+            update, how = publication.choose(await handle.weight_version(policy_id))
             try:
-                await handle.update_weights(policy_id, payload, version)
+                await handle.update_weights(policy_id, update, version)
             except ChecksumMismatch:
-                if full is None or payload is full:
+                full = publication.fallback(update)
+                if full is None:
                     raise
-                payload, how = full, "full"
-                await handle.update_weights(policy_id, payload, version)
-            out[sid] = how
+                await handle.update_weights(policy_id, full, version)
+                how = "checksum_mismatch"
+            out[sid] = "ok" if how == "ok" else f"full: {how}"
         except PolicyNotHosted:
             out[sid] = "skipped"
         except ServiceDead as e:
@@ -176,8 +177,8 @@ class EmbeddedRuntime:
     async def start(self) -> None:
         await self.flow.start()
 
-    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None:
-        """Start a service; with ``weights`` (``{policy: (state, version)}``) it gets them before any work."""
+    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[WeightUpdate, int]] | None = None) -> None:
+        """Start a service; with ``weights`` (``{policy: (whole state, version)}``) it gets them before any work."""
         handle = LocalService(build_service(spec))
         self.flow.add_service(handle, spec.capacity, ready=not weights)
         if weights:
@@ -195,8 +196,8 @@ class EmbeddedRuntime:
     async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
         return await self.flow.get_batch(policy_id, n_groups, timeout)
 
-    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
-        return await publish_to(self.flow, policy_id, update, version, full)
+    async def publish(self, policy_id: str, publication: Publication) -> dict[str, str]:
+        return await publish_to(self.flow, policy_id, publication)
 
     async def step_done(self, policy_id: str) -> None:
         self.flow.step_done(policy_id)

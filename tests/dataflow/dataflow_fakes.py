@@ -73,3 +73,11 @@ def coin_workflows(group_size: int = 4, p_fail: float = 0.5, latency: float = 0.
     """A service's workflows (a picklable factory for ServiceSpec: it runs where the service runs)."""
     pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency, shape=shape)
     return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))}
+
+
+def hf_workflows(path: str, group_size: int = 2) -> dict[str, MultiTurnWorkflow]:
+    """A service's workflows over a real HFPolicy (fp32) on ``path`` (built where the service runs)."""
+    from agentgym.policies.hf import HFPolicy
+
+    pol = HFPolicy(path, policy_id="policy", dtype="float32", max_batch_size=2)
+    return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=2))}

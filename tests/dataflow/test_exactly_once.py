@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from agentgym.dataflow.flow import DataFlow, DataflowConfig
 from agentgym.dataflow.service import ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream
+from agentgym.weights import WeightUpdate
 
 
 class DataflowMachine(RuleBasedStateMachine):
@@ -42,7 +43,7 @@ class DataflowMachine(RuleBasedStateMachine):
         self.flow.add_service(handle, capacity=capacity, ready=False)
         v = self.flow.versions["policy"]
         if v:
-            self.run(handle.update_weights("policy", None, v))
+            self.run(handle.update_weights("policy", WeightUpdate.full({}), v))
         self.flow.mark_ready(handle.service_id)
         self.n += 1
 
@@ -67,7 +68,7 @@ class DataflowMachine(RuleBasedStateMachine):
             v = self.flow.versions["policy"] + 1
             for sid in self.live():
                 with contextlib.suppress(ServiceDead):
-                    await self.flow.services[sid].handle.update_weights("policy", None, v)
+                    await self.flow.services[sid].handle.update_weights("policy", WeightUpdate.full({}), v)
             self.flow.set_version("policy", v)
 
         self.run(step())

@@ -14,6 +14,7 @@ from agentgym.dataflow.ledger import LedgerError
 from agentgym.dataflow.service import ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError
+from agentgym.weights import WeightUpdate
 
 TASKS = [TaskRef(ENV, f"ok-{n}", seed=0) for n in (1, 2, 3)]
 
@@ -31,7 +32,7 @@ async def train(flow: DataFlow, steps: int, policy: str = "policy", train_s: flo
         v = flow.versions[policy] + 1
         for sid in flow.live_services():
             with contextlib.suppress(ServiceDead):
-                await flow.services[sid].handle.update_weights(policy, None, v)
+                await flow.services[sid].handle.update_weights(policy, WeightUpdate.full({}), v)
         flow.set_version(policy, v)
     return {"staleness": staleness, "tickets": tickets}
 

@@ -120,9 +120,10 @@ async def test_an_added_service_takes_work_and_killing_it_loses_nothing(cluster:
         while (await rt.stats())["services"]["s2"]["completed"] == 0:  # the added service finishes work
             assert time.monotonic() < deadline, "the added service finished no work in 120 s"
             await asyncio.sleep(0.05)
+        later = asyncio.ensure_future(trainer(rt, 2))  # consuming frees budget, so new work is dispatched
         held = await in_flight_on(rt, "s2")  # mid-episode: s2 has groups in flight
         await rt.kill_service("s2")
-        _, t_after = await trainer(rt, 2)
+        _, t_after = await later
         await rt.drain(timeout=120)
         counts = await rt.check_ledger(drained=True)
         records = await rt.tickets(held)

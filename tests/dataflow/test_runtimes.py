@@ -16,6 +16,7 @@ from dataflow_fakes import ENV, coin_workflows
 from agentgym.dataflow.flow import DataflowConfig
 from agentgym.dataflow.runtime import ServiceSpec, make_runtime
 from agentgym.dataflow.tasks import TaskRef
+from agentgym.weights import Publication, WeightUpdate
 
 TASKS = [TaskRef(ENV, f"ok-{n}", seed=0) for n in (1, 2, 3)]
 TESTS = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ async def trainer(rt: Any, steps: int, policy: str = "policy") -> tuple[list[int
         staleness += [v - x for x in batch.versions]
         tickets += batch.tickets
         v += 1
-        await rt.publish(policy, None, v)
+        await rt.publish(policy, Publication(v, WeightUpdate.full({})))
     return staleness, tickets
 
 
@@ -102,12 +103,13 @@ async def test_contract_killed_service_loses_nothing(kind: str) -> None:
     rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=1, poll_s=0.05, dead_after_s=10))
     await rt.start()
     try:
-        await rt.add_service(spec("victim", latency=0.05))
+        await rt.add_service(spec("victim", latency=0.3))  # slow: what it takes, it holds for seconds
         await rt.add_service(spec("survivor", latency=0.05))
         _, first = await trainer(rt, 1)
+        later = asyncio.ensure_future(trainer(rt, 2))  # consuming frees budget, so new work is dispatched
         held = await in_flight_on(rt, "victim")  # killed with work in flight
         await rt.kill_service("victim")
-        _, rest = await trainer(rt, 2)
+        _, rest = await later
         live = await rt.live_services()
         await rt.drain(timeout=60)
         counts = await rt.check_ledger(drained=True)
@@ -133,7 +135,7 @@ async def test_contract_service_that_cannot_apply_an_update_is_taken_out(kind: s
         await rt.add_service(spec("fits", shape=(4,)))
         await rt.add_service(spec("misfit", shape=(3,)))
         first = await rt.get_batch("policy", timeout=120)
-        out = await rt.publish("policy", {"w": torch.ones(4)}, 1)
+        out = await rt.publish("policy", Publication(1, WeightUpdate.full({"w": torch.ones(4)})))
         live = await rt.live_services()
         second = await rt.get_batch("policy", timeout=120)
         stats = await rt.stats()
@@ -154,7 +156,7 @@ async def test_contract_late_joiner_gets_weights_first(kind: str) -> None:
         await rt.add_service(spec("first"))
         staleness, _ = await trainer(rt, 2)
         # a service joining at version 2 is brought to version 2 before it takes work
-        await rt.add_service(spec("late"), weights={"policy": (None, 2)})
+        await rt.add_service(spec("late"), weights={"policy": (WeightUpdate.full({}), 2)})
         await rt.remove_service("first", drain=True)
         batch = await rt.get_batch("policy", timeout=120)
         await rt.drain(timeout=60)

@@ -16,6 +16,7 @@ from agentgym.dataflow.service import ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStats, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError
 from agentgym.types import Trajectory, TrajectoryGroup
+from agentgym.weights import WeightUpdate
 
 
 def _group(gid: str, rewards: list[float], early_stopped: bool = False) -> TrajectoryGroup:
@@ -163,7 +164,7 @@ async def _run(steps: int, p_fail: float, **kw: object) -> tuple[DataFlow, list]
             v = flow.versions["policy"] + 1
             for sid in flow.live_services():
                 with contextlib.suppress(ServiceDead):
-                    await flow.services[sid].handle.update_weights("policy", None, v)
+                    await flow.services[sid].handle.update_weights("policy", WeightUpdate.full({}), v)
             flow.set_version("policy", v)
     finally:
         await flow.drain(timeout=30)
