@@ -263,6 +263,66 @@ async def test_lora_adapter_served_then_dropped(vllm_policy: Any) -> None:
     pol.update_weights(WeightUpdate.full(base), v + 4)
 
 
+async def test_worker_refuses_forged_replayed_and_malformed_payloads(vllm_policy: Any, smollm2_path: str) -> None:
+    """Issue 23, against the real worker extension (the code a `vllm serve` runs behind /collective_rpc): an
+    unsigned, forged or tampered payload, a replayed older version, a malformed delta (2-D values of the right
+    element count, beside a whole tensor the old code wrote first), a file outside the staging folder and
+    garbage are all refused as data; nothing is written, and the engine keeps serving."""
+    import json as _json
+
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    from agentgym.weights import encode, shared_key
+
+    pol = vllm_policy
+    key = shared_key()
+    assert key is not None  # VLLMPolicy made one for this process; its workers inherited it
+
+    def rpc(method: str, *args: Any) -> Any:
+        (r,) = pol._run(pol.engine.collective_rpc(method, args=args), timeout=600)
+        return r
+
+    with safe_open(f"{smollm2_path}/model.safetensors", framework="pt") as fh:
+        norm = fh.get_tensor(NORM)
+    req = _greedy("Name a colour.", 8)
+    v = pol.weight_version
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 1)
+    captured = encode(WeightUpdate.full({NORM: torch.zeros_like(norm)}), v + 1, key)  # what an eavesdropper kept
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 2)
+    assert rpc("agentgym_version") == v + 2
+    (before,) = await pol.generate([req])
+    crc_before = pol.weight_checksums()
+    zero = WeightUpdate.full({NORM: torch.zeros_like(norm)})
+    emb = "model.embed_tokens.weight"
+    malformed = WeightUpdate.delta({emb: torch.tensor([0, 1, 2, 3], dtype=torch.int32)},
+                                   {emb: torch.ones(2, 2, dtype=torch.bfloat16)}, {emb: crc_before[emb]},
+                                   {NORM: torch.zeros_like(norm)})
+    tampered = bytearray(encode(zero, v + 50, key))
+    tampered[-7] ^= 0x01
+    attacks = {
+        "unsigned": (save({f"t/{NORM}": torch.zeros_like(norm)},
+                          metadata={"agentgym": _json.dumps({"kind": "full", "version": v + 50})}), "UpdateNotAuthenticated"),
+        "forged": (encode(zero, v + 50, b"a guessed key"), "UpdateNotAuthenticated"),
+        "tampered": (bytes(tampered), "UpdateNotAuthenticated"),
+        "replayed": (captured, "VersionNotNewer"),
+        "malformed": (encode(malformed, v + 50, key), "WeightUpdateRejected"),
+        "file": ("file:/etc/passwd", "WeightUpdateRejected"),
+        "garbage": (12345, "WeightUpdateRejected"),
+    }
+    for what, (payload, kind) in attacks.items():
+        result = rpc("agentgym_update", payload)
+        assert result.get("type") == kind, (what, result)
+        assert pol.weight_checksums() == crc_before, what  # the master: nothing written
+    assert rpc("agentgym_version") == v + 2
+    (after,) = await pol.generate([req])  # the engine: up, and serving the same weights
+    assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+    with pytest.raises(WeightUpdateRejected, match="1-D"):  # the same malformed delta through VLLMPolicy
+        pol.update_weights(malformed, v + 3)
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 3)  # a good update still applies
+    assert pol.weight_checksums([NORM]) == {NORM: crc32(norm)}
+
+
 async def test_publish_to_vllm_policy_and_server(vllm_policy: Any, vllm_server: str, smollm2_path: str) -> None:
     from agentgym.policies.openai import OpenAIPolicy
     from agentgym.policies.vllm_server import VLLMServerTarget

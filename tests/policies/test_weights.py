@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from agentgym.errors import (
+    ChecksumMismatch,
     ConfigurationError,
+    UpdateNotAuthenticated,
     VersionNotNewer,
     WeightUpdateRejected,
 )
@@ -29,7 +31,7 @@ from agentgym.weights import (
 )
 
 torch = pytest.importorskip("torch")
-from agentgym.policies.weights import apply_update  # noqa: E402
+from agentgym.policies.weights import apply_update, stage  # noqa: E402
 
 KEY = b"k" * 32
 
@@ -98,6 +100,45 @@ def _delta(state: dict[str, Any], name: str, idx: list[int], vals: list[float], 
                               {name: kw.get("crc", crc32(state[name]))}, kw.get("tensors"))
 
 
+def test_malformed_deltas_are_rejected_and_nothing_is_written() -> None:
+    """Issue 23: a delta whose values are 2-D (right element count) passed validation, and the whole tensors
+    of the same update were written before it failed. Every check now runs before any write."""
+    s = _state()
+    before = _copy(s)
+    whole = {"b": torch.full((3,), 5.0)}  # a valid whole tensor in the same update: must not be written either
+    cases = [
+        (_delta(s, "a", [0, 1, 2, 3], [1, 2, 3, 4], values=torch.ones(2, 2).to(torch.bfloat16), tensors=whole), "1-D"),
+        (_delta(s, "a", [0, 1], [1, 2], indices=torch.tensor([[0, 1]], dtype=torch.int32), tensors=whole), "1-D"),
+        (_delta(s, "a", [0, 1], [1, 2], indices=torch.tensor([0.0, 1.0]), tensors=whole), "int32"),
+        (_delta(s, "a", [0, 99], [1, 2], tensors=whole), "outside"),
+        (_delta(s, "a", [-1], [1], tensors=whole), "outside"),
+        (_delta(s, "a", [0, 1, 2], [1, 2], values=torch.ones(2).to(torch.bfloat16), tensors=whole), "indices but"),
+        (WeightUpdate.delta({"a": torch.tensor([0], dtype=torch.int32)}, {"a": torch.ones(1)}, {}, whole), "base checksum"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(WeightUpdateRejected, match=match):
+            apply_update(s, bad)
+        assert _same(s, before), match
+    with pytest.raises(ChecksumMismatch):  # a delta computed against other weights
+        apply_update(s, _delta(s, "a", [0], [3.0], crc=crc32(s["a"]) ^ 1, tensors=whole))
+    assert _same(s, before)
+
+
+def test_a_failing_write_is_undone() -> None:
+    s = _state()
+    before = _copy(s)
+    staged = stage(s, WeightUpdate.full({"a": torch.ones(4, 5), "b": torch.ones(3)}))
+    staged.whole["b"] = torch.ones(7)  # a write that fails after "a" was written
+    with pytest.raises(WeightUpdateRejected, match="undone"):
+        staged.commit()
+    assert _same(s, before)
+    staged = stage(s, _delta(s, "a", [2], [9.0]))
+    staged.commit()
+    assert s["a"].view(-1)[2].item() == 9.0
+    staged.rollback()  # what the vLLM worker does when the engine's reload fails
+    assert _same(s, before)
+
+
 def test_versions_strictly_increase() -> None:
     assert check_version(2, 3) == 3 and check_version(2, 5) == 5 and check_version(None, 0) == 0
     with pytest.raises(VersionNotNewer, match="not newer"):
@@ -126,6 +167,31 @@ def test_codec_round_trip_for_every_kind() -> None:
     d = decode(encode(lora, 7, KEY), KEY).update
     assert d.adapter is not None and (d.adapter.rank, d.adapter.alpha, d.adapter.name) == (2, 4.0, "x")
     assert torch.equal(d.adapter.weights["m.q"][1], lora.adapter.weights["m.q"][1])  # type: ignore[union-attr]
+
+
+def test_codec_refuses_unauthenticated_forged_and_oversized_payloads() -> None:
+    from safetensors.torch import save
+
+    u = WeightUpdate.full({"b": torch.ones(3)})
+    blob = encode(u, 3, KEY)
+    with pytest.raises(UpdateNotAuthenticated, match="no weights key"):
+        decode(blob, None)  # a receiver without the key takes nothing
+    with pytest.raises(UpdateNotAuthenticated, match="does not verify"):
+        decode(blob, b"another key")
+    forged = bytearray(blob)
+    forged[-3] ^= 0xFF  # one value byte changed on the way
+    with pytest.raises(UpdateNotAuthenticated, match="does not verify"):
+        decode(bytes(forged), KEY)
+    raw = save({"t/b": torch.ones(3)}, metadata={"agentgym": json.dumps({"kind": "full", "version": 9})})
+    with pytest.raises(UpdateNotAuthenticated, match="no HMAC"):
+        decode(raw, KEY)  # a well-formed payload without a MAC
+    with pytest.raises(WeightUpdateRejected, match="larger"):
+        decode(blob, KEY, max_bytes=16)
+    for bad in ("http://nope", "b64:!!!", 12):
+        with pytest.raises(WeightUpdateRejected):
+            decode(bad, KEY)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="AGENTGYM_WEIGHTS_KEY"):
+        encode(u, 3, None)
 
 
 # ------------------------------------------------------------------ the HTTP hop's credentials
@@ -176,3 +242,61 @@ def test_server_target_sends_credentials(recording_server: tuple[str, list[dict[
     finally:
         target.close()
     assert len(seen) == 2 and all(h.get("authorization") == "Bearer s3cret" for h in seen)
+
+
+# ------------------------------------------------------------------ attacks on HFPolicy
+@pytest.fixture(scope="module")
+def tiny_hf() -> Any:
+    """A real HFPolicy over a tiny randomly initialised Llama (built from a config: no download)."""
+    transformers = pytest.importorskip("transformers")
+    from agentgym.policies.hf import HFPolicy
+    from agentgym.policies.models import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model("smollm2-135m-instruct"))
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    return HFPolicy.from_model(model, tok, weights_key="hf key")
+
+
+def test_hf_policy_refuses_forged_replayed_and_malformed_updates(tiny_hf: Any) -> None:
+    """Issue 23: signed payloads with no key, a wrong key or changed bytes, a replayed older version, and a
+    malformed delta are refused before anything is written; a good signed update then applies."""
+    pol = tiny_hf
+    state = pol.state_dict()
+    name = "model.layers.0.mlp.down_proj.weight"
+    before = {k: v.detach().clone() for k, v in state.items()}
+    v = pol.weight_version
+    good = WeightUpdate.full({name: torch.ones(16, 32)})
+    bad_key = encode(good, v + 1, b"not the policy's key")
+    forged = bytearray(encode(good, v + 1, b"hf key"))
+    forged[-5] ^= 0x40
+    malformed = WeightUpdate.delta({name: torch.tensor([0, 1, 2, 3], dtype=torch.int32)}, {name: torch.ones(2, 2)},
+                                   {name: crc32(state[name])}, {"model.norm.weight": torch.zeros(16)})
+    for attack, exc in [(bad_key, UpdateNotAuthenticated), (bytes(forged), UpdateNotAuthenticated),
+                        (encode(malformed, v + 1, b"hf key"), WeightUpdateRejected),
+                        (encode(good, v + 2, b"hf key"), WeightUpdateRejected)]:  # signed for v+2, offered as v+1
+        with pytest.raises(exc):
+            pol.update_weights(attack, v + 1)
+        assert pol.weight_version == v and all(torch.equal(before[k], s) for k, s in pol.state_dict().items())
+    with pytest.raises(WeightUpdateRejected, match="1-D"):  # the same malformed delta as an object
+        pol.update_weights(malformed, v + 1)
+    assert all(torch.equal(before[k], s) for k, s in pol.state_dict().items())
+    old = encode(good, v + 1, b"hf key")
+    assert pol.update_weights(old, v + 1) == [name] and torch.equal(pol.state_dict()[name], torch.ones(16, 32))
+    pol.update_weights(encode(WeightUpdate.full({name: before[name]}), v + 2, b"hf key"), v + 2)
+    with pytest.raises(VersionNotNewer):  # the v+1 payload, captured and replayed
+        pol.update_weights(old, v + 1)
+    assert pol.weight_version == v + 2 and torch.equal(pol.state_dict()[name], before[name])
+
+
+def test_hf_policy_without_a_key_takes_no_signed_payload(tiny_hf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentgym.policies.hf import HFPolicy
+
+    monkeypatch.delenv("AGENTGYM_WEIGHTS_KEY", raising=False)
+    keyless = HFPolicy.from_model(tiny_hf.model, tiny_hf.tokenizer)
+    with pytest.raises(UpdateNotAuthenticated, match="no weights key"):
+        keyless.update_weights(encode(WeightUpdate.full({}), 1, b"any key"), 1)
+    assert keyless.weight_version == 0
