@@ -33,9 +33,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym.dataflow.flow import DataflowConfig
-from agentgym.dataflow.runtime import EmbeddedRuntime, ServiceSpec
-from agentgym.dataflow.tasks import TaskRef
+from agentgym.dataflow.config import DataflowConfig, FlowParams
+from agentgym.dataflow.runtime import EmbeddedRuntime
+from agentgym.dataflow.spec import ServiceSpec
+from agentgym.dataflow.tasks import TaskRef, TaskStream
 from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle, SamplingParams
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
 from agentgym.weights import Publication, WeightUpdate
@@ -99,8 +100,8 @@ def vllm_workflows(group_size: int, max_tokens: int) -> dict[str, MultiTurnWorkf
 
 
 async def run_elastic(n_services: int, spec_factory: Any, tasks: list[TaskRef], batches: int, groups: int) -> dict[str, Any]:
-    rt = EmbeddedRuntime(tasks, DataflowConfig(groups_per_step=groups, max_staleness=1000, poll_s=0.05,
-                                               filter_zero_variance=False))
+    rt = EmbeddedRuntime(TaskStream(tasks), DataflowConfig(max_staleness=1000),
+                         FlowParams(groups_per_step=groups, poll_s=0.05, filter_zero_variance=False))
     await rt.start()
     try:
         for i in range(n_services):

@@ -24,7 +24,7 @@ from agentgym.errors import ConfigurationError
 from agentgym.weights import WeightPublisher, WeightReceiver, WeightUpdate
 
 if TYPE_CHECKING:
-    from agentgym.dataflow.runtime import FlowRuntime
+    from agentgym.dataflow.spec import FlowRuntime
 
 __all__ = ["publish_weights", "resume_state", "trainable_state"]
 

@@ -53,7 +53,7 @@ from agentgym.weights import WeightPublisher
 
 from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, flow_params
 from .memory import memory_metrics
 from .metrics import GroupLog, MetricsLogger, flow_counters, plot_curves
 from .model import add_lora, load_causal_lm
@@ -258,35 +258,20 @@ class Recipe:
             self.rollout_policies[pid] = make_rollout_policy(cfg_dict, pid, path)
         if cfg.run.algorithm != "grpo":
             return
-        from agentgym.dataflow.flow import DataflowConfig
-        from agentgym.dataflow.runtime import ServiceSpec, make_runtime
-        from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
+        from agentgym.dataflow.runtime import make_runtime
+        from agentgym.dataflow.spec import ServiceSpec
+        from agentgym.dataflow.tasks import TaskRef
 
-        r, d, f = cfg.rollout, cfg.dataflow, cfg.filter
+        r, d = cfg.rollout, cfg.dataflow
         info: dict[str, Any] = {"derive_sampling_seed": True} if r.sampling_seeds else {}
         tasks = [TaskRef(r.env, tid, seed=cfg.run.seed, info=info) for tid in self._task_ids()]
-        filtering = f.dynamic_sampling or cfg.gate.mode == "enforce" or cfg.pilot.mode == "enforce"
-        flow_cfg = DataflowConfig(
-            groups_per_step=r.groups_per_step, max_staleness=d.max_staleness, policies=tuple(paths),
-            replay_ratio=d.replay_ratio, replay_size=d.replay_size, replay_fill=d.replay_fill,
-            replay_priority=d.replay_priority, replay_half_life=d.replay_half_life, replay_beta=d.replay_beta,
-            replay_max_age=d.replay_max_age, replay_seed=cfg.run.seed, refill=f.refill,
-            ordering=d.ordering, filter_zero_variance=f.dynamic_sampling,
-            max_filtered_per_batch=r.groups_per_step * (f.max_refill_rounds + 1) if filtering else None,
-            dead_after_s=max(60.0, r.policy_timeout_s))
-        skipper = ZeroVarianceSkipper(d.skip_patience, d.skip_explore) if d.skip_zero_variance else None
         env_factory = self.env_factory or functools.partial(make_env, dict(r.env_kwargs))
-        if d.runtime == "embedded":
-            stream = TaskStream(tasks, seed=cfg.run.seed, skipper=skipper)
-            self._runtime = make_runtime("embedded", tasks, flow_cfg, stream=stream)
-            if cfg.log.groups:
-                self._runtime.flow.group_observers.append(GroupLog(self.out / "groups.jsonl", self))
-        else:
-            if cfg.log.groups:
-                raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
-                                         "available with dataflow.runtime = 'ray'")
-            self._runtime = make_runtime("ray", tasks, flow_cfg, seed=cfg.run.seed, address=d.ray_address,
-                                         skipper=skipper)
+        if cfg.log.groups and d.runtime != "embedded":
+            raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
+                                     "available with dataflow.runtime = 'ray'")
+        self._runtime = make_runtime(d, flow_params(cfg, tuple(paths)), tasks, seed=cfg.run.seed)
+        if cfg.log.groups:
+            self._runtime.flow.group_observers.append(GroupLog(self.out / "groups.jsonl", self))
         capacity = d.service_capacity or r.groups_per_step
         self._specs = []
         for i in range(d.services):

@@ -1,12 +1,14 @@
 """The Ray runtime: DataFlow and every RolloutService are Ray actors; the trainer drives from the driver.
 
 * ``ServiceActor`` builds a :class:`~agentgym.dataflow.service.RolloutService` from its
-  :class:`~agentgym.dataflow.runtime.ServiceSpec` *inside* the actor (so its policies and envs live
-  on the actor's node) and exposes the service API as async actor methods.
+  :class:`~agentgym.dataflow.spec.ServiceSpec` *inside* the actor (so its policies and envs live
+  on the actor's node) and exposes the service API as async actor methods. Weight updates reach it
+  signed (:func:`agentgym.weights.encode`, the runtime's key) and are verified before a policy sees them.
 * :class:`RayService` is the :class:`~agentgym.dataflow.service.ServiceHandle` over such an actor:
   a dead actor (killed, crashed, node lost) or a call past ``call_timeout_s`` raises
   :class:`~agentgym.dataflow.service.ServiceDead`, and DataFlow resubmits the service's work.
-* ``FlowActor`` runs the same :class:`~agentgym.dataflow.flow.DataFlow` in an async actor.
+* The flow is :class:`~agentgym.dataflow.host.FlowHost` (the same wrapper the embedded runtime calls)
+  in an async actor.
 * :class:`RayRuntime` is the driver-side API, the same as
   :class:`~agentgym.dataflow.runtime.EmbeddedRuntime`'s.
 
@@ -22,11 +24,13 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig
+from agentgym.dataflow.config import DataflowConfig, FlowParams
+from agentgym.dataflow.flow import Batch
+from agentgym.dataflow.host import FlowHost
 from agentgym.dataflow.ledger import Ticket
-from agentgym.dataflow.runtime import ServiceSpec, build_service, publish_to
 from agentgym.dataflow.service import ServiceDead, ServiceResult
-from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
+from agentgym.dataflow.spec import ServiceSpec, build_service
+from agentgym.dataflow.tasks import TaskStream
 from agentgym.errors import ConfigurationError, DependencyNotInstalled, WeightUpdateRejected
 from agentgym.weights import KEY_ENV, Publication, WeightUpdate, encode, shared_key
 
@@ -141,61 +145,6 @@ class RayService:
         _ray().kill(self.actor, no_restart=True)
 
 
-class _FlowActor:
-    """DataFlow in an async Ray actor (decorated in :func:`_actor_classes`)."""
-
-    def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig, seed: int,
-                 skipper: ZeroVarianceSkipper | None, weights_key: bytes) -> None:
-        self.flow = DataFlow(TaskStream(list(tasks), seed=seed, skipper=skipper), config)
-        self.weights_key = weights_key
-
-    async def start(self) -> None:
-        await self.flow.start()
-
-    async def add_service(self, actor: Any, name: str, capacity: int, ready: bool) -> None:
-        self.flow.add_service(RayService(actor, name, self.weights_key), capacity, ready=ready)
-
-    async def mark_ready(self, name: str) -> None:
-        self.flow.mark_ready(name)
-
-    async def remove_service(self, name: str, drain: bool) -> None:
-        await self.flow.remove_service(name, drain=drain)
-
-    async def get_batch(self, policy_id: str, n_groups: int | None, timeout: float | None) -> Batch:
-        return await self.flow.get_batch(policy_id, n_groups, timeout)
-
-    async def publish(self, policy_id: str, publication: Publication) -> dict[str, str]:
-        return await publish_to(self.flow, policy_id, publication)
-
-    async def step_done(self, policy_id: str) -> None:
-        self.flow.step_done(policy_id)
-
-    async def live_services(self) -> list[str]:
-        return self.flow.live_services()
-
-    async def stats(self) -> dict[str, Any]:
-        return self.flow.stats()
-
-    async def drain(self, timeout: float | None) -> None:
-        await self.flow.drain(timeout)
-
-    async def check_ledger(self, drained: bool) -> dict[str, Any]:
-        self.flow.ledger.check(drained=drained)
-        return self.flow.ledger.counts()
-
-    async def tickets(self, ticket_ids: list[str]) -> dict[str, dict[str, Any]]:
-        return self.flow.ledger.describe(ticket_ids)
-
-    async def state_dict(self) -> dict[str, Any]:
-        return self.flow.state_dict()
-
-    async def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.flow.load_state_dict(state)
-
-    async def stop(self) -> None:
-        await self.flow.stop()
-
-
 _CLASSES: dict[str, Any] = {}
 
 
@@ -203,16 +152,16 @@ def _actor_classes() -> tuple[Any, Any]:
     if not _CLASSES:
         ray = _ray()
         _CLASSES["service"] = ray.remote(num_cpus=0, max_restarts=0)(_ServiceActor)
-        _CLASSES["flow"] = ray.remote(num_cpus=0, max_restarts=0)(_FlowActor)
+        _CLASSES["flow"] = ray.remote(num_cpus=0, max_restarts=0)(FlowHost)
     return _CLASSES["service"], _CLASSES["flow"]
 
 
 class RayRuntime:
-    """DataFlow and services as Ray actors (see the module docstring).
+    """The flow and its services as Ray actors (see the module docstring).
 
     Args:
-        tasks / config / seed: As for :class:`~agentgym.dataflow.runtime.EmbeddedRuntime`.
-        skipper: GRESO-style zero-variance task skipping in the flow actor's task stream.
+        stream / config / params: As for :class:`~agentgym.dataflow.runtime.EmbeddedRuntime` (the stream is
+            shipped to the flow actor).
         address: A running cluster (``"127.0.0.1:6379"``); ``None`` starts (or joins) a local Ray.
         init_kwargs: Extra ``ray.init`` arguments (``runtime_env``, ``num_cpus``...).
         weights_key: Signs weight updates to the service actors (default: ``AGENTGYM_WEIGHTS_KEY``, or
@@ -223,17 +172,18 @@ class RayRuntime:
 
     name = "ray"
 
-    def __init__(self, tasks: Sequence[TaskRef], config: DataflowConfig | None = None, *, seed: int = 0,
+    def __init__(self, stream: TaskStream, config: DataflowConfig | None = None, params: FlowParams | None = None, *,
                  address: str | None = None, init_kwargs: dict[str, Any] | None = None,
-                 skipper: ZeroVarianceSkipper | None = None, weights_key: bytes | None = None) -> None:
+                 weights_key: bytes | None = None) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
         self._service_cls, flow_cls = _actor_classes()
         self.config = config or DataflowConfig()
-        self._weights_key = weights_key or shared_key(create=True)
-        assert self._weights_key is not None
-        self.flow = flow_cls.remote(list(tasks), self.config, seed, skipper, self._weights_key)
+        key = weights_key or shared_key(create=True)
+        assert key is not None
+        self._weights_key: bytes = key
+        self.flow = flow_cls.remote(stream, self.config, params or FlowParams())
         self.actors: dict[str, Any] = {}
 
     async def start(self) -> None:
@@ -249,7 +199,7 @@ class RayRuntime:
         if weights:
             for pid, (state, version) in weights.items():
                 await actor.update_weights.remote(pid, encode(state, version, self._weights_key), version)
-        await self.flow.add_service.remote(actor, spec.name, spec.capacity, True)
+        await self.flow.add_service.remote(RayService(actor, spec.name, self._weights_key), spec.capacity, True)
 
     async def remove_service(self, name: str, *, drain: bool = True) -> None:
         await self.flow.remove_service.remote(name, drain)

@@ -10,12 +10,19 @@ from typing import Any
 
 from rollout_fakes import SUBMIT, FakePolicy, counter_action, messages_of
 
+from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.dataflow.service import LocalService, RolloutService
 from agentgym.errors import VersionNotNewer
 from agentgym.policy import Capabilities, Generation, GenRequest
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
 
 ENV = "agentgym/TestCounter-v0"
+
+
+def configs(**kw: Any) -> tuple[DataflowConfig, FlowParams]:
+    """Keyword settings split into the ``[dataflow]`` table and the run's derived params."""
+    params = {k: kw.pop(k) for k in list(kw) if k in FlowParams.model_fields}
+    return DataflowConfig(**kw), FlowParams(**params)
 
 
 class CoinPolicy(FakePolicy):

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dataflow_fakes import configs
 from test_runtimes import TASKS, in_flight_on, resubmitted_once_elsewhere, spec, trainer
 
-from agentgym.dataflow.flow import DataflowConfig
+from agentgym.dataflow.tasks import TaskStream
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
@@ -72,7 +73,7 @@ def cluster() -> Iterator[str]:
 def _runtime(address: str, **cfg: object):  # type: ignore[no-untyped-def]
     from agentgym.dataflow.ray_runtime import RayRuntime
 
-    return RayRuntime(TASKS, DataflowConfig(**{"poll_s": 0.05, **cfg}), address=address)  # type: ignore[arg-type]
+    return RayRuntime(TaskStream(TASKS), *configs(**{"poll_s": 0.05, **cfg}), address=address)
 
 
 async def test_service_runs_on_the_second_node(cluster: str) -> None:
@@ -105,7 +106,7 @@ async def test_an_added_service_takes_work_and_killing_it_loses_nothing(cluster:
     """Elastic scaling on a real two-node cluster: the mechanism only (the service added on node2 receives and
     finishes work; killed mid-episode, its tickets finish once elsewhere). The throughput gain of adding
     services is a figure, measured in ``benchmarks/bench_dataflow.py --sections elastic``."""
-    rt = _runtime(cluster, groups_per_step=4, max_staleness=8, dead_after_s=10)
+    rt = _runtime(cluster, groups_per_step=4, max_staleness=8, dead_after_s=120)
     await rt.start()
     try:
         s1 = spec("s1", latency=0.15)

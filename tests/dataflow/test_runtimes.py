@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dataflow_fakes import ENV, coin_workflows
+from dataflow_fakes import ENV, coin_workflows, configs
 
-from agentgym.dataflow.flow import DataflowConfig
-from agentgym.dataflow.runtime import ServiceSpec, make_runtime
+from agentgym.dataflow.runtime import make_runtime
+from agentgym.dataflow.spec import ServiceSpec
 from agentgym.dataflow.tasks import TaskRef
 from agentgym.weights import Publication, WeightUpdate
 
@@ -57,7 +57,7 @@ async def trainer(rt: Any, steps: int, policy: str = "policy") -> tuple[list[int
 
 
 async def test_contract_synchronous_run(kind: str) -> None:
-    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=0, poll_s=0.05))
+    rt = make_runtime(*configs(runtime=kind, groups_per_step=3, max_staleness=0, poll_s=0.05), TASKS)
     await rt.start()
     try:
         await rt.add_service(spec("a"))
@@ -74,10 +74,11 @@ async def in_flight_on(rt: Any, service: str, timeout: float = 120.0) -> list[st
     """Wait until ``service`` has tickets in flight (the event itself, bounded); return their ids."""
     deadline = time.monotonic() + timeout
     while True:
-        tickets = (await rt.stats())["services"][service]["in_flight_tickets"]
+        stats = await rt.stats()
+        tickets = stats["services"][service]["in_flight_tickets"]
         if tickets:
             return list(tickets)
-        assert time.monotonic() < deadline, f"{service} never had work in flight"
+        assert time.monotonic() < deadline, f"{service} never had work in flight: {stats['services']}, {stats['ledger']}"
         await asyncio.sleep(0.01)
 
 
@@ -100,7 +101,7 @@ def resubmitted_once_elsewhere(records: dict[str, dict[str, Any]], victim: str, 
 
 
 async def test_contract_killed_service_loses_nothing(kind: str) -> None:
-    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=1, poll_s=0.05, dead_after_s=10))
+    rt = make_runtime(*configs(runtime=kind, groups_per_step=3, max_staleness=1, poll_s=0.05, dead_after_s=120), TASKS)
     await rt.start()
     try:
         await rt.add_service(spec("victim", latency=0.3))  # slow: what it takes, it holds for seconds
@@ -129,7 +130,7 @@ async def test_contract_service_that_cannot_apply_an_update_is_taken_out(kind: s
     """Issue 21: a service that refuses an update (here: a tensor of another shape) keeps its old weights, so it
     leaves the pool; the other service serves the new version and the flow's version advances."""
     torch = pytest.importorskip("torch")
-    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=2, max_staleness=0, poll_s=0.05))
+    rt = make_runtime(*configs(runtime=kind, groups_per_step=2, max_staleness=0, poll_s=0.05), TASKS)
     await rt.start()
     try:
         await rt.add_service(spec("fits", shape=(4,)))
@@ -150,7 +151,7 @@ async def test_contract_service_that_cannot_apply_an_update_is_taken_out(kind: s
 
 
 async def test_contract_late_joiner_gets_weights_first(kind: str) -> None:
-    rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=2, max_staleness=0, poll_s=0.05))
+    rt = make_runtime(*configs(runtime=kind, groups_per_step=2, max_staleness=0, poll_s=0.05), TASKS)
     await rt.start()
     try:
         await rt.add_service(spec("first"))
@@ -167,13 +168,11 @@ async def test_contract_late_joiner_gets_weights_first(kind: str) -> None:
 
 
 async def test_contract_greso_skips_zero_variance_tasks(kind: str) -> None:
-    from agentgym.dataflow.tasks import ZeroVarianceSkipper
-
     skipped = {}
     for skip in (False, True):
-        rt = make_runtime(kind, TASKS, DataflowConfig(groups_per_step=3, max_staleness=0, poll_s=0.05,
-                                                      filter_zero_variance=False),
-                          skipper=ZeroVarianceSkipper(patience=1, explore=0.25) if skip else None)
+        rt = make_runtime(*configs(runtime=kind, groups_per_step=3, max_staleness=0, poll_s=0.05,
+                                   filter_zero_variance=False, skip_zero_variance=skip, skip_patience=1,
+                                   skip_explore=0.25), TASKS)
         await rt.start()
         try:
             await rt.add_service(spec("a", p_fail=0.0))  # every member succeeds: every group is zero-variance

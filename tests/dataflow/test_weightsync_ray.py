@@ -42,10 +42,10 @@ async def test_publish_to_a_policy_in_a_ray_service_actor(local_ray: Any) -> Non
     from dataflow_fakes import ENV, hf_workflows
     from safetensors.torch import load_file
 
-    from agentgym.dataflow.flow import DataflowConfig
+    from agentgym.dataflow.config import DataflowConfig, FlowParams
     from agentgym.dataflow.ray_runtime import RayRuntime
-    from agentgym.dataflow.runtime import ServiceSpec
-    from agentgym.dataflow.tasks import TaskRef
+    from agentgym.dataflow.spec import ServiceSpec
+    from agentgym.dataflow.tasks import TaskRef, TaskStream
     from agentgym.errors import UpdateNotAuthenticated, WeightUpdateRejected
     from agentgym.weights import WeightPublisher, WeightUpdate, crc32, encode
 
@@ -60,7 +60,8 @@ async def test_publish_to_a_policy_in_a_ray_service_actor(local_ray: Any) -> Non
         t.view(-1)[i] = (t.view(-1)[i].float() * 3.0 + 0.05).to(t.dtype)
         step[name] = t
 
-    rt = RayRuntime([TaskRef(ENV, "ok-1", seed=0)], DataflowConfig(groups_per_step=1), weights_key=b"the runtime's key")
+    rt = RayRuntime(TaskStream([TaskRef(ENV, "ok-1", seed=0)]), DataflowConfig(), FlowParams(groups_per_step=1),
+                    weights_key=b"the runtime's key")
     try:
         await rt.add_service(ServiceSpec("hf", functools.partial(hf_workflows, path)))  # no start(): no rollouts
 
