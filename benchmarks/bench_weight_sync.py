@@ -28,9 +28,10 @@ Every timed figure is reported as median, mean and a 95% t-interval over its rep
 shared: the load average is recorded at the start and end of each part; the JSON records ``sys.argv``
 and the library versions.
 
-Usage: ``python benchmarks/bench_weight_sync.py [--steps 3] [--rounds 3] [--hmac-repeats 5] [--skip-vllm]``
-(``--rounds``: how many of the replayed steps are published to vLLM; at most ``--steps``).
-Writes ``benchmarks/results/weight_sync.json``.
+Usage: ``python benchmarks/bench_weight_sync.py [--steps 3] [--rounds 3] [--hmac-repeats 5] [--skip-vllm]
+[--only-replay] [--out PATH]`` (``--rounds``: how many of the replayed steps are published to vLLM; at most
+``--steps``; ``--only-replay``: part 1 trains only the replayed setting). Writes
+``benchmarks/results/weight_sync.json`` unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -141,8 +142,12 @@ def _row(setting: str, step: int, loss: float, r: Any, publish_s: float, train_s
     return row
 
 
-def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows per step, and the bf16 states of the REPLAY run (step 0 = the checkpoint)."""
+def training_sparsity(model_path: str, steps: int, only_replay: bool = False
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows per step, and the bf16 states of the REPLAY run (step 0 = the checkpoint).
+
+    ``only_replay``: train only the REPLAY setting (what parts 2-4 need), not the other three.
+    """
     import torch
     import transformers
 
@@ -160,6 +165,8 @@ def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]]
     for setting, dtype, lr in ((REPLAY, torch.float32, 1e-6),
                                ("full FT, fp32 master, AdamW lr=1e-5", torch.float32, 1e-5),
                                ("full FT, bf16 weights, AdamW lr=1e-5", torch.bfloat16, 1e-5)):
+        if only_replay and setting != REPLAY:
+            continue
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         model.train()
@@ -181,6 +188,8 @@ def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]]
             if setting == REPLAY:
                 replay.append(bf16_state(model))
         del model, opt, pub, sink
+    if only_replay:
+        return out, replay
 
     # LoRA rank 8 on q_proj/v_proj, frozen bf16 base, fp32 adapter; the Sink cannot serve adapters,
     # so the trainer hands over the merged weights, sent as a delta (what HFPolicy / `vllm serve` targets get)
@@ -366,13 +375,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="replayed steps published to vLLM (<= steps)")
     ap.add_argument("--hmac-repeats", type=int, default=5, help="repeats of each HMAC timing")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--only-replay", action="store_true",
+                    help="train only the replayed setting (fp32 lr=1e-6), not the other three")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = ap.parse_args()
     from agentgym.policies.models import resolve_model
 
     path = resolve_model("smollm2-135m-instruct")
     t0 = time.perf_counter()
     load: dict[str, list[float]] = {"start": _load()}
-    steps, replay = training_sparsity(path, args.steps)
+    steps, replay = training_sparsity(path, args.steps, args.only_replay)
     load["after_training"] = _load()
     local = None
     if not args.skip_vllm:
@@ -394,9 +406,9 @@ def main() -> None:
         "hmac": signing,
         "cross_region": cross_region(steps, local),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1))
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
