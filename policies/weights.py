@@ -1,269 +1,175 @@
-"""Weight updates a policy accepts from the trainer: full tensors or sparse overwrite deltas.
+"""Applying a :class:`~agentgym.weights.WeightUpdate` to a policy's tensors: validate everything, then write
+all of it or nothing.
 
-``update_weights(update, version)`` on :class:`~agentgym.policies.hf.HFPolicy` and
-:class:`~agentgym.policies.vllm.VLLMPolicy` takes any of:
+Used by :class:`~agentgym.policies.hf.HFPolicy` (its model's tensors) and by the vLLM worker extension
+(:mod:`agentgym.policies.vllm_worker`, its checkpoint-format master copy). The types, the diff and the
+codec are the core's (:mod:`agentgym.weights`).
 
-* a mapping ``name -> Tensor``: full tensors (all of the model's, or a subset);
-* a :class:`WeightDelta`, a mapping ``name -> (flat_indices, values)``, or the plain-data form
-  ``{"indices": {...}, "values": {...}, "full": {...}, "checks": {...}}`` that
-  :mod:`agentgym.dataflow.weightsync` sends (its checksums are verified before anything is written):
-  bf16 overwrite encoding, the indices of the changed elements and their new values;
-* any object with ``apply_to(state: dict[str, Tensor]) -> Iterable[str]`` that updates the
-  tensors in place and returns the changed names (a trainer's own delta type);
-* a :class:`LoRAAdapter` (PEFT layout): ``VLLMPolicy(enable_lora=True)`` serves it as a vLLM LoRA
-  adapter; policies that cannot load adapters take its merged delta instead
-  (:meth:`LoRAAdapter.merged_into`, which :mod:`agentgym.dataflow.weightsync` does for them).
-
-Versions strictly increase: an update whose version is not newer than the policy's is rejected.
+:func:`stage` checks the whole update before anything is written: every name is a tensor the model
+has; whole tensors have exactly its shape; a delta's indices and values are 1-D, of one length, ints and
+floats, with every index in range; each delta carries the CRC-32 of the base it was computed against, and
+that base is what the receiver holds (else :class:`~agentgym.errors.ChecksumMismatch`). It converts
+every tensor to the target's dtype and device there, so :meth:`Staged.commit` only copies into place;
+if a copy still fails, the tensors written so far are restored from their backups and nothing is left
+half-applied. :meth:`Staged.rollback` undoes a commit (the vLLM worker, when the engine's reload of the
+written tensors fails).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import ChecksumMismatch, WeightUpdateRejected
+from agentgym.weights import WeightUpdate, crc32, decode
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LoRAAdapter", "WeightDelta", "apply_update", "check_version", "split_update"]
+__all__ = ["Staged", "apply_update", "signed_update", "stage", "validate"]
 
 
-@dataclass
-class WeightDelta:
-    """Sparse overwrite delta: for each changed tensor, flat indices and their new values.
-
-    Attributes:
-        indices: name -> int64 ``[K]`` flat indices into the tensor.
-        values: name -> ``[K]`` new values (any float dtype; cast to the target's dtype).
-        base_version: The version this delta applies on top of (informational).
-    """
-
-    indices: dict[str, torch.Tensor] = field(default_factory=dict)
-    values: dict[str, torch.Tensor] = field(default_factory=dict)
-    base_version: int | None = None
-
-    @classmethod
-    def from_diff(cls, old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], base_version: int | None = None) -> WeightDelta:
-        """The delta that turns ``old`` into ``new`` (elements compared in ``new``'s dtype)."""
-        d = cls(base_version=base_version)
-        for name, t in new.items():
-            o = old[name].to(t.dtype).reshape(-1)
-            n = t.reshape(-1)
-            idx = (o != n).nonzero().reshape(-1)
-            if idx.numel():
-                d.indices[name] = idx
-                d.values[name] = n[idx].clone()
-        return d
-
-    def num_changed(self) -> int:
-        """Total number of overwritten elements."""
-        return sum(int(i.numel()) for i in self.indices.values())
-
-    def apply_to(self, state: dict[str, torch.Tensor]) -> list[str]:
-        """Overwrite the elements in place (validated first); returns the changed names."""
-        _, idx, val = split_update(self, {k: tuple(v.shape) for k, v in state.items()})
-        for name, i in idx.items():
-            flat = state[name].view(-1)
-            flat[i.to(flat.device)] = val[name].to(device=flat.device, dtype=flat.dtype)
-        return list(idx)
-
-
-@dataclass
-class LoRAAdapter:
-    """A LoRA adapter in PEFT layout: ``W' = W + (alpha / rank) * B @ A`` for each target module.
-
-    Attributes:
-        weights: checkpoint module name (``model.layers.0.self_attn.q_proj``) -> ``(A [r, in], B [out, r])``.
-        rank: LoRA rank ``r``.
-        alpha: LoRA alpha (scale ``alpha / rank``).
-        name: Adapter name (informational).
-    """
-
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    rank: int
-    alpha: float
-    name: str = "adapter"
-
-    @property
-    def scale(self) -> float:
-        return float(self.alpha) / float(self.rank)
-
-    def num_bytes(self, dtype_bytes: int = 2) -> int:
-        """Size of the adapter's tensors at ``dtype_bytes`` per element (bf16: 2)."""
-        return sum((a.numel() + b.numel()) * dtype_bytes for a, b in self.weights.values())
-
-    def target_modules(self) -> list[str]:
-        """Short names of the adapted modules (``q_proj``, ``v_proj``, ...), as PEFT lists them."""
-        return sorted({m.rsplit(".", 1)[-1] for m in self.weights})
-
-    def merged_deltas(self) -> dict[str, torch.Tensor]:
-        """``{module.weight: scale * B @ A}`` in fp32."""
-        return {f"{m}.weight": (b.float() @ a.float()) * self.scale for m, (a, b) in self.weights.items()}
-
-    def merged_into(self, base: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The full tensors of ``base`` with this adapter merged (only the adapted ones), in base's dtype."""
-        out = {}
-        for name, d in self.merged_deltas().items():
-            if name not in base:
-                raise ConfigurationError(f"LoRA adapter targets {name!r}, which the model does not have")
-            if tuple(d.shape) != tuple(base[name].shape):
-                raise ConfigurationError(f"LoRA adapter for {name!r} has shape {tuple(d.shape)}, the weight {tuple(base[name].shape)}")
-            out[name] = (base[name].float() + d).to(base[name].dtype)
-        return out
-
-    def save_peft(self, folder: str) -> None:
-        """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT's layout, which vLLM loads)."""
-        import json
-        import os
-
-        from safetensors.torch import save_file
-
-        os.makedirs(folder, exist_ok=True)
-        tensors = {}
-        for m, (a, b) in self.weights.items():
-            tensors[f"base_model.model.{m}.lora_A.weight"] = a.detach().contiguous()
-            tensors[f"base_model.model.{m}.lora_B.weight"] = b.detach().contiguous()
-        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
-        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
-                  "target_modules": self.target_modules(), "bias": "none", "lora_dropout": 0.0}
-        with open(os.path.join(folder, "adapter_config.json"), "w") as fh:
-            json.dump(config, fh)
-
-    @classmethod
-    def from_peft(cls, folder: str, name: str = "adapter") -> LoRAAdapter:
-        """Read a PEFT adapter folder (``save_pretrained`` output, or :meth:`save_peft`)."""
-        import json
-        import os
-
-        from safetensors.torch import load_file
-
-        with open(os.path.join(folder, "adapter_config.json")) as fh:
-            config = json.load(fh)
-        raw = load_file(os.path.join(folder, "adapter_model.safetensors"))
-        mods: dict[str, dict[str, torch.Tensor]] = {}
-        for key, t in raw.items():
-            for part in ("lora_A", "lora_B"):
-                marker = f".{part}."
-                if marker in key:
-                    mod = key.split(marker)[0].removeprefix("base_model.model.")
-                    mods.setdefault(mod, {})[part] = t
-        weights = {m: (d["lora_A"], d["lora_B"]) for m, d in mods.items() if "lora_A" in d and "lora_B" in d}
-        if not weights:
-            raise ConfigurationError(f"{folder} holds no lora_A/lora_B tensors")
-        return cls(weights=weights, rank=int(config["r"]), alpha=float(config.get("lora_alpha", config["r"])), name=name)
-
-
-def _is_delta_dict(update: Any) -> bool:
-    """The plain-data delta form ``{"indices", "values"[, "full"][, "checks"]}`` (what WeightSync sends)."""
-    return (isinstance(update, Mapping) and {"indices", "values"} <= set(update.keys())
-            <= {"indices", "values", "full", "checks"} and isinstance(update["indices"], Mapping))
-
-
-def split_update(update: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Normalize a full-tensor or sparse update into ``(full, indices, values)``, validated against ``shapes``.
-
-    Nothing is applied. Trainer-defined ``apply_to`` objects and LoRA adapters are not handled here.
+def validate(update: WeightUpdate, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Check a full or delta update against a model's tensor shapes (nothing is read or written).
 
     Raises:
-        ConfigurationError: unknown names, wrong shapes, indices out of range or of another length than values.
+        WeightUpdateRejected: a LoRA update, unknown names, wrong shapes, non-float values, indices that
+            are not 1-D ints in range, values that are not 1-D of the indices' length, a delta without
+            the base checksum of each tensor it changes.
     """
     import torch
 
-    full: dict[str, torch.Tensor] = {}
-    idx: dict[str, torch.Tensor] = {}
-    val: dict[str, torch.Tensor] = {}
-    if isinstance(update, WeightDelta):
-        idx, val = dict(update.indices), dict(update.values)
-    elif _is_delta_dict(update):
-        idx, val = dict(update["indices"]), dict(update["values"])
-        full = dict(update.get("full") or {})
-    elif isinstance(update, Mapping):
-        for name, value in update.items():
-            if isinstance(value, tuple) and len(value) == 2:
-                idx[name], val[name] = value
-            else:
-                full[name] = value
-    else:
-        raise ConfigurationError(
-            f"cannot apply a weight update of type {type(update).__name__}: pass a state dict, a WeightDelta, "
-            "a LoRAAdapter, or an object with apply_to(state)"
-        )
-    for name, t in full.items():
+    if not isinstance(update, WeightUpdate):
+        raise WeightUpdateRejected(f"a weight update is an agentgym.weights.WeightUpdate, got {type(update).__name__}")
+    if update.kind == "lora":
+        raise WeightUpdateRejected("this receiver serves no LoRA adapters: publish the merged weights instead "
+                                   "(LoRAAdapter.merged_into, or the trainer's merged state)")
+    if update.kind not in ("full", "delta") or (update.kind == "full" and (update.indices or update.values)):
+        raise WeightUpdateRejected(f"malformed {update.kind!r} update")
+    for name, t in update.tensors.items():
         if name not in shapes:
-            raise ConfigurationError(f"weight update names {name!r}, which the model does not have")
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shapes[name]):
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ConfigurationError(f"weight {name!r} has shape {tuple(shapes[name])}, the update has {got}")
-    for name, i in idx.items():
+            raise WeightUpdateRejected(f"weight update names {name!r}, which the model does not have")
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise WeightUpdateRejected(f"weight {name!r}: a whole tensor must be a float tensor, got {got}")
+        if tuple(t.shape) != tuple(shapes[name]):
+            raise WeightUpdateRejected(f"weight {name!r} has shape {tuple(shapes[name])}, the update has {tuple(t.shape)}")
+    if set(update.indices) != set(update.values):
+        raise WeightUpdateRejected("weight delta: indices and values name different tensors")
+    for name, i in update.indices.items():
+        v = update.values[name]
         if name not in shapes:
-            raise ConfigurationError(f"weight delta names {name!r}, which the model does not have")
-        v = val.get(name)
-        if v is None or v.numel() != i.numel():
-            raise ConfigurationError(f"weight delta for {name!r}: {i.numel()} indices but {0 if v is None else v.numel()} values")
+            raise WeightUpdateRejected(f"weight delta names {name!r}, which the model does not have")
+        if name in update.tensors:
+            raise WeightUpdateRejected(f"weight delta names {name!r} both whole and as a delta")
+        if not isinstance(i, torch.Tensor) or i.dim() != 1 or i.dtype not in (torch.int32, torch.int64):
+            raise WeightUpdateRejected(f"weight delta for {name!r}: indices must be a 1-D int32/int64 tensor")
+        if not isinstance(v, torch.Tensor) or v.dim() != 1 or not v.is_floating_point():
+            raise WeightUpdateRejected(f"weight delta for {name!r}: values must be a 1-D float tensor")
+        if v.numel() != i.numel():
+            raise WeightUpdateRejected(f"weight delta for {name!r}: {i.numel()} indices but {v.numel()} values")
         numel = 1
         for d in shapes[name]:
             numel *= int(d)
         if i.numel() and (int(i.min()) < 0 or int(i.max()) >= numel):
-            raise ConfigurationError(f"weight delta for {name!r} has indices outside [0, {numel})")
-        idx[name] = i.reshape(-1).long()
-        val[name] = v.reshape(-1)
-    return full, idx, val
+            raise WeightUpdateRejected(f"weight delta for {name!r} has indices outside [0, {numel})")
+        if name not in update.base_crc:
+            raise WeightUpdateRejected(f"weight delta for {name!r} carries no base checksum")
+    extra = set(update.base_crc) - set(update.indices)
+    if extra:
+        raise WeightUpdateRejected(f"weight delta carries base checksums of tensors it does not change: {sorted(extra)[:5]}")
 
 
-def apply_update(state: dict[str, torch.Tensor], update: Any) -> list[str]:
-    """Apply ``update`` (any supported form, see the module docstring) to ``state`` in place.
+class Staged:
+    """A validated update, converted for its target and not yet written (see the module docstring)."""
 
-    Everything is validated before anything is written (a bad update leaves ``state`` unchanged).
+    def __init__(self, state: dict[str, torch.Tensor], whole: dict[str, torch.Tensor],
+                 sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.state = state
+        self.whole = whole
+        self.sparse = sparse
+        self.changed = list(dict.fromkeys([*whole, *sparse]))
+        self._undo: list[tuple[str, Any, torch.Tensor]] = []
 
-    Returns:
-        The names of the tensors that were written.
-    """
-    import torch
+    def commit(self) -> list[str]:
+        """Write every tensor, or (if a write fails) none; returns the names written."""
+        import torch
 
-    if isinstance(update, LoRAAdapter):
-        raise ConfigurationError(
-            "this policy cannot load LoRA adapters: publish through agentgym.dataflow.weightsync.WeightSync "
-            "(which sends the merged weights), or pass adapter.merged_into(policy.state_dict())"
-        )
-    if hasattr(update, "apply_to"):
+        self._undo = []
+        try:
+            with torch.no_grad():
+                for name, t in self.whole.items():
+                    target = self.state[name]
+                    self._undo.append((name, None, target.clone()))
+                    target.copy_(t)
+                for name, (i, v) in self.sparse.items():
+                    flat = self.state[name].view(-1)
+                    self._undo.append((name, i, flat[i].clone()))
+                    flat[i] = v
+        except Exception as e:
+            self.rollback()
+            raise WeightUpdateRejected(f"writing the update failed and was undone: {type(e).__name__}: {e}") from e
+        return list(self.changed)
+
+    def rollback(self) -> None:
+        """Restore what :meth:`commit` overwrote (newest first)."""
+        import torch
+
         with torch.no_grad():
-            return list(update.apply_to(state))
-    full, idx, val = split_update(update, {k: tuple(v.shape) for k, v in state.items()})
-    if _is_delta_dict(update) and update.get("checks"):
-        from agentgym.dataflow.weightsync import verify_checks
-
-        verify_checks(state, idx, val, update["checks"])
-    with torch.no_grad():
-        for name, value in full.items():
-            target = state[name]
-            target.copy_(value.to(device=target.device, dtype=target.dtype))
-        for name, i in idx.items():
-            target = state[name]
-            target.view(-1)[i.to(target.device)] = val[name].to(device=target.device, dtype=target.dtype)
-    return list(dict.fromkeys([*full, *idx]))
+            for name, i, old in reversed(self._undo):
+                if i is None:
+                    self.state[name].copy_(old)
+                else:
+                    self.state[name].view(-1)[i] = old
+        self._undo = []
 
 
-def check_version(current: int, new: int) -> int:
-    """Validate a new weight version (strictly greater than ``current``) and return it.
+def stage(state: dict[str, torch.Tensor], update: WeightUpdate) -> Staged:
+    """Validate ``update`` against ``state`` (names, shapes, indices, base checksums) and convert it.
 
     Raises:
-        WeightSyncError: ``new`` is not an int, is negative, or is not newer than ``current``.
+        WeightUpdateRejected: see :func:`validate`. ChecksumMismatch: a delta's base is not ``state``.
     """
-    if not isinstance(new, int) or isinstance(new, bool) or new < 0:
-        raise WeightSyncError(f"weight version must be a non-negative int, got {new!r}")
-    if new <= current:
-        raise WeightSyncError(f"weight version {new} is not newer than the served version {current}; "
-                              "versions strictly increase (publish v+1)")
-    return new
+    validate(update, {k: tuple(v.shape) for k, v in state.items()})
+    for name, crc in update.base_crc.items():
+        base = state[name]
+        values = update.values[name]
+        if base.dtype != values.dtype:  # an fp32 receiver of bf16 deltas compares in the values' dtype
+            base = base.to(values.dtype)
+        if crc32(base) != int(crc):
+            raise ChecksumMismatch(f"{name!r} is not the base this delta was computed against (the publisher "
+                                   "resends the whole state)")
+    whole = {n: t.detach().to(device=state[n].device, dtype=state[n].dtype).contiguous()
+             for n, t in update.tensors.items()}
+    sparse = {n: (i.to(device=state[n].device, dtype=_long()),
+                  update.values[n].detach().to(device=state[n].device, dtype=state[n].dtype))
+              for n, i in update.indices.items()}
+    return Staged(state, whole, sparse)
 
 
-def names_of(update: Any) -> Iterable[str]:
-    """Names an update touches, without applying it (for logging)."""
-    if isinstance(update, WeightDelta):
-        return list(update.indices)
-    if isinstance(update, Mapping):
-        return list(update.keys())
-    return []
+def _long() -> torch.dtype:
+    import torch
+
+    return torch.long
+
+
+def apply_update(state: dict[str, torch.Tensor], update: WeightUpdate) -> list[str]:
+    """Validate, then write ``update`` into ``state`` in place, all or nothing; returns the names written."""
+    return stage(state, update).commit()
+
+
+def signed_update(blob: Any, version: int, key: bytes | None) -> WeightUpdate:
+    """The update in a signed wire payload (:func:`agentgym.weights.decode` with the receiver's ``key``),
+    checked to be one whole update signed for ``version``.
+
+    Raises:
+        UpdateNotAuthenticated: no key, or the HMAC does not verify. WeightUpdateRejected: signed for
+            another version (a replay under a new number), a chunk, or not a payload at all.
+    """
+    if not isinstance(blob, bytes | bytearray | memoryview | str):
+        raise WeightUpdateRejected(f"a weight update is a WeightUpdate or its signed bytes, got {type(blob).__name__}")
+    dec = decode(blob, key)
+    if dec.version != version or dec.parts != 1:
+        raise WeightUpdateRejected(f"the payload is signed for version {dec.version} (part {dec.part + 1} of "
+                                   f"{dec.parts}), offered as version {version}")
+    return dec.update

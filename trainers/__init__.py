@@ -8,7 +8,8 @@ Library pieces, connected by plain data (no base classes):
 * :mod:`.sft`: transcripts (plain or DAgger-relabelled) -> samples, with the student's chat template.
 * :mod:`.model`: loading, LoRA adapters, token log-probabilities.
 * :mod:`.trainer`: :class:`PolicyTrainer`, one policy's optimizer step (the narrow seam).
-* :mod:`.publish`: :class:`WeightPublisher`, versioned full/delta/merged-LoRA weight updates.
+* :mod:`.publish`: :func:`trainable_state` (full: every parameter; LoRA: the merged adapted weights),
+  handed to the one publisher, :class:`agentgym.weights.WeightPublisher`.
 * :mod:`.checkpoint`, :mod:`.metrics`, :mod:`.config`.
 * :mod:`.recipe`: the synchronous setup / train / cleanup recipe behind ``agentgym train``.
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .batching import TrainSample, collate, pack_micro_batches, samples_from_groups
     from .config import TrainConfig, load_train_config
     from .losses import aggregation_weights, k3_kl, policy_loss, sft_loss
-    from .publish import WeightPublisher
+    from .publish import trainable_state
     from .recipe import Recipe, run_training
     from .sft import sft_samples, transcript_samples
     from .trainer import PolicyTrainer
@@ -35,7 +36,6 @@ __all__ = [
     "Recipe",
     "TrainConfig",
     "TrainSample",
-    "WeightPublisher",
     "aggregation_weights",
     "collate",
     "group_advantages",
@@ -48,6 +48,7 @@ __all__ = [
     "samples_from_groups",
     "sft_loss",
     "sft_samples",
+    "trainable_state",
     "transcript_samples",
 ]
 
@@ -56,7 +57,7 @@ _WHERE = {
     "TrainSample": "batching", "collate": "batching", "pack_micro_batches": "batching",
     "samples_from_groups": "batching", "TrainConfig": "config", "load_train_config": "config",
     "aggregation_weights": "losses", "k3_kl": "losses", "policy_loss": "losses", "sft_loss": "losses",
-    "WeightPublisher": "publish", "Recipe": "recipe", "run_training": "recipe",
+    "trainable_state": "publish", "Recipe": "recipe", "run_training": "recipe",
     "sft_samples": "sft", "transcript_samples": "sft", "PolicyTrainer": "trainer",
 }
 

@@ -37,12 +37,13 @@ import pydantic
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.errors import ConfigurationError
 
 __all__ = [
     "AdvantageConfig",
     "DataConfig",
-    "DataflowSection",
+    "DataflowConfig",
     "EvalConfig",
     "FilterConfig",
     "GateSection",
@@ -56,6 +57,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "apply_overrides",
+    "flow_params",
     "load_train_config",
 ]
 
@@ -312,49 +314,6 @@ class MultiConfig(_Section):
     verifier_max_tokens: int = Field(default=32, ge=1)
 
 
-class DataflowSection(_Section):
-    """Where rollouts run and how fresh the trained samples must be (:mod:`agentgym.dataflow`).
-
-    Attributes:
-        runtime: ``"embedded"`` (one process, asyncio) or ``"ray"`` (DataFlow and services as Ray actors).
-        max_staleness: Most weight versions a trained token may lag (0: synchronous; roll out a batch,
-            train, publish, repeat).
-        services: Rollout services (each hosts its own rollout policies; the first one's, in the
-            embedded runtime, are also the eval policies).
-        service_capacity: Groups in flight per service (default: ``rollout.groups_per_step``).
-        replay_ratio: Share of each batch replayed from already-trained groups.
-        replay_fill: POPO: every group dynamic sampling filtered is replaced by a replayed informative
-            group instead of a new rollout (needs ``filter.dynamic_sampling``).
-        replay_priority: ``"latest"`` (the newest kept groups) or ``"recency"`` (drawn with priority
-            ``0.5 ** (age / replay_half_life)``, age in versions, with replacement; each draw carries
-            the importance weight ``(N P_i) ** -replay_beta`` (max-normalised) in the loss).
-        replay_max_age: Replayed groups may be at most this many versions old (``None``: no bound).
-        ordering: ``"fifo"`` or ``"oldest_first"``.
-        skip_zero_variance: GRESO-style: skip tasks whose last ``skip_patience`` groups were
-            zero-variance, except with probability ``skip_explore``.
-        ray_address: An existing Ray cluster (``None``: start or join a local one).
-        service_resources: Ray custom resources per service index (e.g. ``[{}, {"node2": 0.01}]``).
-    """
-
-    runtime: Literal["embedded", "ray"] = "embedded"
-    max_staleness: int = Field(default=0, ge=0)
-    services: int = Field(default=1, ge=1)
-    service_capacity: int | None = Field(default=None, ge=1)
-    replay_ratio: float = Field(default=0.0, ge=0, lt=1)
-    replay_size: int = Field(default=256, ge=1)
-    replay_fill: bool = False
-    replay_priority: Literal["latest", "recency"] = "latest"
-    replay_half_life: float = Field(default=4.0, gt=0)
-    replay_beta: float = Field(default=1.0, ge=0, le=1)
-    replay_max_age: int | None = Field(default=None, ge=0)
-    ordering: Literal["fifo", "oldest_first"] = "fifo"
-    skip_zero_variance: bool = False
-    skip_patience: int = Field(default=1, ge=1)
-    skip_explore: float = Field(default=0.1, gt=0, le=1)
-    ray_address: str | None = None
-    service_resources: list[dict[str, float]] = Field(default_factory=list)
-
-
 class GateSection(_Section):
     """The Selective Rollout gate (:class:`~agentgym.rollout.gates.SelectiveRolloutGate`).
 
@@ -406,7 +365,7 @@ class TrainConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     multi: MultiConfig = Field(default_factory=MultiConfig)
-    dataflow: DataflowSection = Field(default_factory=DataflowSection)
+    dataflow: DataflowConfig = Field(default_factory=DataflowConfig)
     gate: GateSection = Field(default_factory=GateSection)
     pilot: PilotSection = Field(default_factory=PilotSection)
 
@@ -439,6 +398,19 @@ class TrainConfig(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def flow_params(cfg: TrainConfig, policies: tuple[str, ...]) -> FlowParams:
+    """What the dataflow layer takes from a training config besides its ``[dataflow]`` table: the batch
+    shape (``rollout.groups_per_step``), the trained ``policies``, the group filters' switches
+    (``[filter]``; a cap on filtered groups per batch when groups can be filtered), the replay seed
+    (``run.seed``) and how long a silent service lives (at least its policy's timeout)."""
+    r, f = cfg.rollout, cfg.filter
+    filtering = f.dynamic_sampling or cfg.gate.mode == "enforce" or cfg.pilot.mode == "enforce"
+    return FlowParams(groups_per_step=r.groups_per_step, policies=policies, replay_seed=cfg.run.seed, refill=f.refill,
+                      filter_zero_variance=f.dynamic_sampling,
+                      max_filtered_per_batch=r.groups_per_step * (f.max_refill_rounds + 1) if filtering else None,
+                      dead_after_s=max(60.0, r.policy_timeout_s))
 
 
 def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:

@@ -1,37 +1,34 @@
-"""Publishing the trainer's weights to rollout policies, with strictly increasing versions.
+"""The trainer's side of weight publishing: it hands over its trainable state, nothing more.
 
-What is sent:
+* **Full fine-tune:** every parameter (:func:`trainable_state`).
+* **LoRA:** the *merged* weights of the adapted modules only (``W + scale * B @ A`` for each LoRA layer;
+  embeddings, norms and unadapted layers never change, so they are never sent): what every rollout
+  backend can serve. (A backend that serves adapters can be sent the adapter itself,
+  :class:`agentgym.weights.LoRAAdapter`; the recipe does not, since its rollout policies serve none.)
 
-* **Full fine-tune:** the model's parameters in the rollout policy's dtype, either whole
-  (``mode="full"``) or as a sparse overwrite :class:`~agentgym.policies.weights.WeightDelta` against
-  what was last sent (``mode="delta"``: indices and new values of the elements that changed in that
-  dtype; with a bf16 rollout model most elements do not change in one step). ``mode="auto"`` sends
-  whichever is smaller.
-* **LoRA:** the *merged* weights of the adapted modules only (``W + scale * B @ A`` for each LoRA
-  layer; embeddings, norms and unadapted layers are never sent), again whole or as a delta. The
-  adapter itself is not sent: the rollout backends take plain tensors.
-
-Every publish reports its bytes and seconds, which the recipe logs.
+The one publisher encodes (:class:`agentgym.weights.WeightPublisher`: the whole state first, then sparse
+deltas) and the dataflow runtime distributes (:func:`agentgym.dataflow.publish_to`);
+:func:`publish_weights` is the recipe's publish step that composes the three.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentgym.errors import ConfigurationError
+from agentgym.weights import WeightPublisher, WeightReceiver, WeightUpdate
 
-__all__ = ["PublishMode", "WeightPublisher", "trainable_state"]
+if TYPE_CHECKING:
+    from agentgym.dataflow.spec import FlowRuntime
 
-PublishMode = Literal["full", "delta", "auto"]
+__all__ = ["publish_weights", "resume_state", "trainable_state"]
+
 _PEFT_PREFIX = "base_model.model."
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return int(t.numel() * t.element_size())
 
 
 def trainable_state(model: Any, adapter: str | None = None) -> dict[str, torch.Tensor]:
@@ -56,62 +53,40 @@ def trainable_state(model: Any, adapter: str | None = None) -> dict[str, torch.T
         return out
 
 
-class WeightPublisher:
-    """Sends one trainer's weights to its rollout policies.
+async def publish_weights(version: int, publishers: Mapping[str, WeightPublisher], trainers: Mapping[str, Any],
+                          runtime: FlowRuntime | None, eval_policies: Mapping[str, WeightReceiver]) -> dict[str, Any]:
+    """Publish every trainer's trainable state as ``version``: encode it, send it to the rollout services
+    (``runtime``) and to the ``eval_policies`` that no service shares. Returns, per policy, what was sent
+    (kind, bytes, tensors, seconds) and each service's outcome.
 
     Args:
-        model: The trained model (plain or peft).
-        adapter: The LoRA adapter this trainer owns (``None``: full fine-tune).
-        dtype: The rollout policies' weight dtype (what changes is judged in that dtype).
-        mode: ``"full"``, ``"delta"`` or ``"auto"`` (see the module docstring).
+        trainers: policy id -> a trainer with ``model`` and ``adapter`` (LoRA adapter name or ``None``).
     """
-
-    def __init__(self, model: Any, adapter: str | None = None, dtype: torch.dtype = torch.float32,
-                 mode: PublishMode = "auto") -> None:
-        self.model = model
-        self.adapter = adapter
-        self.dtype = dtype
-        self.mode: PublishMode = mode
-        self._sent: dict[str, torch.Tensor] | None = None
-        self.history: list[dict[str, Any]] = []
-
-    def build(self) -> tuple[Any, dict[str, Any]]:
-        """The next update and its description (kind, tensors, bytes); records it as sent."""
-        from agentgym.policies.weights import WeightDelta
-
+    out: dict[str, Any] = {}
+    for pid, pub in publishers.items():
+        tr = trainers[pid]
+        publication = pub.publish(trainable_state(tr.model, tr.adapter), version)
+        assert publication.report is not None
+        info = publication.report.to_dict()
         t0 = time.perf_counter()
-        new = {k: v.to(self.dtype).clone() for k, v in trainable_state(self.model, self.adapter).items()}
-        full_bytes = sum(_nbytes(v) for v in new.values())
-        update: Any = new
-        kind = "full"
-        nbytes = full_bytes
-        changed = sum(v.numel() for v in new.values())
-        if self.mode != "full" and self._sent is not None:
-            delta = WeightDelta.from_diff(self._sent, new)
-            d_bytes = sum(_nbytes(i) + _nbytes(delta.values[k]) for k, i in delta.indices.items())
-            if self.mode == "delta" or d_bytes < full_bytes:
-                update, kind, nbytes, changed = delta, "delta", d_bytes, delta.num_changed()
-        self._sent = new
-        info = {"kind": kind, "tensors": len(new), "bytes": nbytes, "full_bytes": full_bytes,
-                "changed_elements": int(changed), "total_elements": int(sum(v.numel() for v in new.values())),
-                "build_s": time.perf_counter() - t0}
-        return update, info
-
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """Every tensor the trainer changes, as last built (or now, before the first build): what a
-        rollout model that missed updates (a late or restarted service) needs to catch up."""
-        if self._sent is None:
-            return {k: v.to(self.dtype).clone() for k, v in trainable_state(self.model, self.adapter).items()}
-        return self._sent
-
-    def publish(self, policies: Sequence[Any], version: int) -> dict[str, Any]:
-        """Build the update and apply it to every policy with ``version``; returns bytes and seconds."""
-        update, info = self.build()
-        t0 = time.perf_counter()
-        for p in policies:
-            p.update_weights(update, version)
+        if runtime is not None:
+            info["services"] = await runtime.publish(pid, publication)
+        pol = eval_policies.get(pid)
+        if pol is not None:
+            info["eval_policy"] = await asyncio.to_thread(publication.deliver, pol)
         info["apply_s"] = time.perf_counter() - t0
-        info["version"] = version
-        info["publish_s"] = info["build_s"] + info["apply_s"]
-        self.history.append(info)
-        return info
+        info["publish_s"] = info["encode_s"] + info["apply_s"]
+        out[pid] = info
+    return out
+
+
+def resume_state(version: int, publishers: Mapping[str, WeightPublisher],
+                 trainers: Mapping[str, Any]) -> dict[str, tuple[WeightUpdate, int]]:
+    """A resumed run's weights: each trainer's whole trainable state, published as ``version`` (the
+    version the run stopped at), for services and eval policies to start from; later publishes are
+    deltas against it. Returns ``{policy: (whole state, version)}``."""
+    out: dict[str, tuple[WeightUpdate, int]] = {}
+    for pid, pub in publishers.items():
+        tr = trainers[pid]
+        out[pid] = (pub.publish(trainable_state(tr.model, tr.adapter), version, force_full=True).update, version)
+    return out

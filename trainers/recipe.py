@@ -49,14 +49,15 @@ import torch
 
 from agentgym.errors import ConfigurationError, TrainingDataError
 from agentgym.types import Trajectory
+from agentgym.weights import WeightPublisher
 
 from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, flow_params
 from .memory import memory_metrics
 from .metrics import GroupLog, MetricsLogger, flow_counters, plot_curves
 from .model import add_lora, load_causal_lm
-from .publish import WeightPublisher
+from .publish import publish_weights, resume_state
 from .rollout_setup import make_env, make_rollout_policy, make_workflow, policy_paths, service_workflows
 from .sft import sft_samples
 from .trainer import PolicyTrainer
@@ -266,7 +267,7 @@ class Recipe:
                 path = cfg.multi.verifier_path if pid == "verifier" and cfg.multi.verifier_path else cfg.model.path
                 base = load_causal_lm(path, m.dtype, m.device, m.gradient_checkpointing)
                 models[pid] = add_lora(base, pid, **lkw) if lora else base
-        rdt = _DT[cfg.rollout.rollout_dtype or ("bfloat16" if cfg.rollout.backend == "vllm" else m.dtype)]
+        rdt = cfg.rollout.rollout_dtype or ("bfloat16" if cfg.rollout.backend == "vllm" else m.dtype)
         for pid in pids:
             ref = None
             if cfg.loss.kl_coef > 0 and not lora:
@@ -277,7 +278,7 @@ class Recipe:
                                                loss=cfg.loss, adapter=pid if lora else None, ref_model=ref,
                                                batches=policy_batches(cfg, len(self._sft))[pid], seed=cfg.run.seed,
                                                autocast=_DT[m.autocast] if m.autocast else None)
-            self.publishers[pid] = WeightPublisher(models[pid], pid if lora else None, dtype=rdt, mode="auto")
+            self.publishers[pid] = WeightPublisher(dtype=rdt)  # encodes in the rollout policies' dtype
 
     def _build_rollout(self) -> None:
         """Eval policies here; rollout services on the dataflow runtime (GRPO only)."""
@@ -290,35 +291,20 @@ class Recipe:
             self.rollout_policies[pid] = make_rollout_policy(cfg_dict, pid, path)
         if cfg.run.algorithm != "grpo":
             return
-        from agentgym.dataflow.flow import DataflowConfig
-        from agentgym.dataflow.runtime import ServiceSpec, make_runtime
-        from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
+        from agentgym.dataflow.runtime import make_runtime
+        from agentgym.dataflow.spec import ServiceSpec
+        from agentgym.dataflow.tasks import TaskRef
 
-        r, d, f = cfg.rollout, cfg.dataflow, cfg.filter
+        r, d = cfg.rollout, cfg.dataflow
         info: dict[str, Any] = {"derive_sampling_seed": True} if r.sampling_seeds else {}
         tasks = [TaskRef(r.env, tid, seed=cfg.run.seed, info=info) for tid in self._task_ids()]
-        filtering = f.dynamic_sampling or cfg.gate.mode == "enforce" or cfg.pilot.mode == "enforce"
-        flow_cfg = DataflowConfig(
-            groups_per_step=r.groups_per_step, max_staleness=d.max_staleness, policies=tuple(paths),
-            replay_ratio=d.replay_ratio, replay_size=d.replay_size, replay_fill=d.replay_fill,
-            replay_priority=d.replay_priority, replay_half_life=d.replay_half_life, replay_beta=d.replay_beta,
-            replay_max_age=d.replay_max_age, replay_seed=cfg.run.seed, refill=f.refill,
-            ordering=d.ordering, filter_zero_variance=f.dynamic_sampling,
-            max_filtered_per_batch=r.groups_per_step * (f.max_refill_rounds + 1) if filtering else None,
-            dead_after_s=max(60.0, r.policy_timeout_s))
-        skipper = ZeroVarianceSkipper(d.skip_patience, d.skip_explore) if d.skip_zero_variance else None
         env_factory = self.env_factory or functools.partial(make_env, dict(r.env_kwargs))
-        if d.runtime == "embedded":
-            stream = TaskStream(tasks, seed=cfg.run.seed, skipper=skipper)
-            self._runtime = make_runtime("embedded", tasks, flow_cfg, stream=stream)
-            if cfg.log.groups:
-                self._runtime.flow.group_observers.append(GroupLog(self.out / "groups.jsonl", self))
-        else:
-            if cfg.log.groups:
-                raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
-                                         "available with dataflow.runtime = 'ray'")
-            self._runtime = make_runtime("ray", tasks, flow_cfg, seed=cfg.run.seed, address=d.ray_address,
-                                         skipper=skipper)
+        if cfg.log.groups and d.runtime != "embedded":
+            raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
+                                     "available with dataflow.runtime = 'ray'")
+        self._runtime = make_runtime(d, flow_params(cfg, tuple(paths)), tasks, seed=cfg.run.seed)
+        if cfg.log.groups:
+            self._runtime.flow.group_observers.append(GroupLog(self.out / "groups.jsonl", self))
         capacity = d.service_capacity or r.groups_per_step
         self._specs = []
         for i in range(d.services):
@@ -381,7 +367,7 @@ class Recipe:
 
     async def _start_rollout(self) -> None:
         """Start the dataflow runtime and its services; a resumed run brings everyone to its version."""
-        full = {pid: (pub.full_state(), self.version) for pid, pub in self.publishers.items()} if self.version else None
+        full = resume_state(self.version, self.publishers, self.trainers) if self.version else None
         shared = self._runtime is not None and self.cfg.dataflow.runtime == "embedded"
         if full and not shared:  # eval policies that no service shares
             for pid, pol in self.rollout_policies.items():
@@ -516,21 +502,9 @@ class Recipe:
     async def _publish(self, version: int) -> dict[str, Any]:
         """Send every trainer's new weights as ``version``: to the rollout services through the dataflow
         runtime (a service that is behind gets the full state) and to the eval policies."""
-        out: dict[str, Any] = {}
         shared = self._runtime is not None and self.cfg.dataflow.runtime == "embedded"
-        for pid, pub in self.publishers.items():
-            update, info = pub.build()
-            t0 = time.perf_counter()
-            if self._runtime is not None:
-                info["services"] = await self._runtime.publish(pid, update, version, full=pub.full_state())
-            pol = self.rollout_policies.get(pid)
-            if pol is not None and not shared:  # in the embedded runtime the eval policies are service 0's
-                await asyncio.to_thread(pol.update_weights, update, version)
-            info["apply_s"] = time.perf_counter() - t0
-            info["version"] = version
-            info["publish_s"] = info["build_s"] + info["apply_s"]
-            pub.history.append(info)
-            out[pid] = info
+        evals = {} if shared else self.rollout_policies  # in the embedded runtime the eval policies are service 0's
+        out = await publish_weights(version, self.publishers, self.trainers, self._runtime, evals)
         return out if len(out) != 1 else next(iter(out.values()))
 
     async def _evaluate(self, stage: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A trainer takes a list of :class:`~agentgym.trainers.batching.TrainSample` (built from trajectory
 groups or transcripts), runs one optimizer step per mini-batch (micro-batches packed under a
 token budget, gradients accumulated), and returns metrics. Publishing the new weights is the
-caller's move (:class:`~agentgym.trainers.publish.WeightPublisher`), so a synchronous recipe and a
+caller's move (:class:`~agentgym.weights.WeightPublisher`), so a synchronous recipe and a
 dataflow runtime drive it the same way.
 
 Several trainers can share one peft model (two LoRA adapters over one base): each owns one adapter,

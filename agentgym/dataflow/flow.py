@@ -50,16 +50,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from agentgym.dataflow.config import DataflowConfig, FlowParams, check_combination
 from agentgym.dataflow.ledger import Ledger, Ticket
-from agentgym.dataflow.replay import GroupReplay, ReplayPriority
+from agentgym.dataflow.replay import GroupReplay
 from agentgym.dataflow.service import ServiceDead, ServiceHandle, ServiceResult
 from agentgym.dataflow.tasks import TaskRef, TaskStream
 from agentgym.errors import ConfigurationError
 from agentgym.types import TrajectoryGroup
 
-__all__ = ["Batch", "DataFlow", "DataflowConfig", "GroupFilter", "default_filters"]
+__all__ = ["Batch", "DataFlow", "GroupFilter", "default_filters"]
 
 log = logging.getLogger(__name__)
 
@@ -99,81 +100,6 @@ def default_filters(zero_variance: bool = True) -> list[GroupFilter]:
     if zero_variance:
         out.append(filter_zero_variance)
     return out
-
-
-@dataclass
-class DataflowConfig:
-    """Knobs of the dataflow layer (flat; see the module docstring).
-
-    Attributes:
-        groups_per_step: Groups per trainer batch (per policy).
-        max_staleness: Most versions a trained token may lag the policy (0: synchronous).
-        workflow: The workflow name services run tickets with.
-        policies: The trained policies a ticket feeds.
-        replay_ratio: Share of a batch taken from already-trained groups (0: none).
-        replay_size: Trained groups kept for replay.
-        replay_fill: POPO: a replayed group takes the place of every filtered group (no refill rollout).
-        replay_priority: ``"latest"`` (the newest groups) or ``"recency"`` (drawn with priority
-            ``0.5 ** (age / replay_half_life)``, with importance weights; see
-            :class:`~agentgym.dataflow.replay.GroupReplay`).
-        replay_half_life / replay_beta / replay_max_age: Recency half-life (versions), importance
-            exponent (0..1), and the age past which replayed groups are dropped (``None``: never).
-        replay_seed: Seeds the replay draws.
-        ordering: ``"fifo"`` (arrival) or ``"oldest_first"`` (oldest weight version first).
-        filter_zero_variance: Drop zero-variance groups (DAPO dynamic sampling).
-        refill: A filtered group's place is refilled with a new rollout (dynamic sampling). ``False``:
-            it counts as consumed and the batch comes back short (or, with ``replay_fill``, replayed).
-        poll_s: How long one service poll waits for a result (the heartbeat period).
-        dead_after_s: A service silent for this long is dead.
-        max_attempts: A ticket resubmitted this many times is filtered (``"attempts"``) instead.
-        max_filtered_per_batch: Once this many groups were filtered for a policy since its last batch,
-            :meth:`DataFlow.get_batch` returns what it has (a short, possibly empty batch) instead of
-            waiting for more: a model that never succeeds does not stall training forever.
-            ``None``: wait.
-    """
-
-    groups_per_step: int = 8
-    max_staleness: int = 0
-    workflow: str = "default"
-    policies: tuple[str, ...] = ("policy",)
-    replay_ratio: float = 0.0
-    replay_size: int = 256
-    replay_fill: bool = False
-    replay_priority: ReplayPriority = "latest"
-    replay_half_life: float = 4.0
-    replay_beta: float = 1.0
-    replay_max_age: int | None = None
-    replay_seed: int = 0
-    ordering: Literal["fifo", "oldest_first"] = "fifo"
-    filter_zero_variance: bool = True
-    refill: bool = True
-    poll_s: float = 0.2
-    dead_after_s: float = 30.0
-    max_attempts: int = 5
-    max_filtered_per_batch: int | None = None
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.groups_per_step < 1:
-            problems.append(f"groups_per_step must be >= 1, got {self.groups_per_step}")
-        if self.max_staleness < 0:
-            problems.append(f"max_staleness must be >= 0, got {self.max_staleness}")
-        if not 0 <= self.replay_ratio < 1:
-            problems.append(f"replay_ratio must be in [0, 1), got {self.replay_ratio}")
-        if self.replay_size < 1 or self.replay_priority not in ("latest", "recency") or self.replay_half_life <= 0 \
-                or not 0 <= self.replay_beta <= 1 or (self.replay_max_age is not None and self.replay_max_age < 0):
-            problems.append("replay: size >= 1, priority 'latest' or 'recency', half_life > 0, beta in [0, 1], "
-                            "max_age >= 0")
-        if self.replay_fill and not self.filter_zero_variance:
-            problems.append("replay_fill replaces filtered zero-variance groups: it needs filter_zero_variance")
-        if self.ordering not in ("fifo", "oldest_first"):
-            problems.append(f"ordering must be 'fifo' or 'oldest_first', got {self.ordering!r}")
-        if not self.policies:
-            problems.append("policies must name at least one policy")
-        if self.poll_s <= 0 or self.dead_after_s <= 0 or self.max_attempts < 1:
-            problems.append("poll_s and dead_after_s must be > 0 and max_attempts >= 1")
-        if problems:
-            raise ConfigurationError("; ".join(problems))
 
 
 @dataclass
@@ -228,29 +154,32 @@ class DataFlow:
 
     Args:
         stream: Where tasks come from.
-        config: Budget, filters, buffers, fault detection.
+        config: The ``[dataflow]`` table: staleness budget, replay, ordering.
+        params: What the run derives: batch shape, trained policies, filter switches, fault detection.
         filters: Group filters (default: :func:`default_filters`).
     """
 
-    def __init__(self, stream: TaskStream, config: DataflowConfig | None = None, *,
+    def __init__(self, stream: TaskStream, config: DataflowConfig | None = None, params: FlowParams | None = None, *,
                  filters: Sequence[GroupFilter] | None = None) -> None:
         self.stream = stream
         self.config = config or DataflowConfig()
-        self.filters = list(filters) if filters is not None else default_filters(self.config.filter_zero_variance)
+        self.params = params or FlowParams()
+        check_combination(self.config, self.params)
+        self.filters = list(filters) if filters is not None else default_filters(self.params.filter_zero_variance)
         self.ledger = Ledger()
         self.services: dict[str, _Svc] = {}
-        self.versions: dict[str, int] = {p: 0 for p in self.config.policies}
-        self.served: dict[str, int] = {p: 0 for p in self.config.policies}  # batches handed to trainers
-        self.filtered_since: dict[str, int] = {p: 0 for p in self.config.policies}
-        self.consumed: dict[str, int] = {p: 0 for p in self.config.policies}  # fresh groups handed to trainers
-        self.done: dict[str, int] = {p: 0 for p in self.config.policies}  # trainer steps finished
-        self.buffers: dict[str, deque[_Item]] = {p: deque() for p in self.config.policies}
+        self.versions: dict[str, int] = {p: 0 for p in self.params.policies}
+        self.served: dict[str, int] = {p: 0 for p in self.params.policies}  # batches handed to trainers
+        self.filtered_since: dict[str, int] = {p: 0 for p in self.params.policies}
+        self.consumed: dict[str, int] = {p: 0 for p in self.params.policies}  # fresh groups handed to trainers
+        self.done: dict[str, int] = {p: 0 for p in self.params.policies}  # trainer steps finished
+        self.buffers: dict[str, deque[_Item]] = {p: deque() for p in self.params.policies}
         c = self.config
         self.replay: dict[str, GroupReplay] = {
             p: GroupReplay(p, c.replay_size, priority=c.replay_priority, half_life=c.replay_half_life,
-                           beta=c.replay_beta, max_age=c.replay_max_age, seed=c.replay_seed)
-            for p in c.policies}
-        self.outcomes: dict[str, dict[str, int]] = {p: {} for p in c.policies}  # outcome -> groups
+                           beta=c.replay_beta, max_age=c.replay_max_age, seed=self.params.replay_seed)
+            for p in self.params.policies}
+        self.outcomes: dict[str, dict[str, int]] = {p: {} for p in self.params.policies}  # outcome -> groups
         self.generated_tokens = 0  # in every finished group, kept or not
         self.finished_groups = 0
         self.finished_episodes = 0
@@ -371,7 +300,7 @@ class DataFlow:
         """
         if policy_id not in self.buffers:
             raise ConfigurationError(f"the dataflow layer trains {list(self.buffers)}, not {policy_id!r}")
-        n = n_groups or self.config.groups_per_step
+        n = n_groups or self.params.groups_per_step
         fill = self.config.replay_fill
         n_replay = int(n * self.config.replay_ratio) if self.replay[policy_id] else 0
         if self.config.replay_priority == "latest":
@@ -387,9 +316,9 @@ class DataFlow:
                 have = len(self.buffers[policy_id])
                 if have >= n_fresh:
                     break
-                if (fill or not self.config.refill) and have + self.filtered_since[policy_id] >= n_fresh:
+                if (fill or not self.params.refill) and have + self.filtered_since[policy_id] >= n_fresh:
                     break  # every group of this round is in (filtered ones are not refilled)
-                cap = self.config.max_filtered_per_batch
+                cap = self.params.max_filtered_per_batch
                 if cap is not None and self.filtered_since[policy_id] >= cap:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
@@ -418,6 +347,7 @@ class DataFlow:
         return {"ledger": self.ledger.counts(), "versions": dict(self.versions), "served": dict(self.served),
                 "buffered": {p: len(b) for p, b in self.buffers.items()}, "requeued_waiting": len(self.queue),
                 "services": {sid: {"alive": s.alive, "ready": s.ready, "in_flight": len(s.in_flight),
+                                   "in_flight_tickets": sorted(s.in_flight, key=_ticket_no),
                                    "completed": s.completed} for sid, s in self.services.items()},
                 "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped},
                 "groups": {"finished": self.finished_groups, "episodes": self.finished_episodes,
@@ -456,7 +386,7 @@ class DataFlow:
                 self.replay[p].load_state_dict(rs)
         for o in sorted(state.get("open", []), key=lambda o: _ticket_no(o["ticket_id"])):
             task = TaskRef(o["env_id"], o["task_id"], o["seed"], dict(o.get("info") or {}))
-            ticket = Ticket(o["ticket_id"], task, self.config.workflow, tuple(self.config.policies))
+            ticket = Ticket(o["ticket_id"], task, self.params.workflow, tuple(self.params.policies))
             self.tickets[ticket.ticket_id] = ticket
             self.ledger.open(ticket)
             self.queue.append(ticket.ticket_id)
@@ -487,9 +417,8 @@ class DataFlow:
 
     def budget(self) -> int:
         """How many more groups may enter the pipeline now (see the staleness budget)."""
-        c = self.config
-        room = min((self.done[p] + c.max_staleness + 1) * c.groups_per_step - self.consumed[p] - self._pipeline(p)
-                   for p in c.policies)
+        k, n = self.config.max_staleness, self.params.groups_per_step
+        room = min((self.done[p] + k + 1) * n - self.consumed[p] - self._pipeline(p) for p in self.params.policies)
         return max(0, room)
 
     async def _dispatch_loop(self) -> None:
@@ -497,7 +426,7 @@ class DataFlow:
         while self._running:
             async with cond:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(cond.wait(), self.config.poll_s)
+                    await asyncio.wait_for(cond.wait(), self.params.poll_s)
             await self._dispatch_some()
 
     async def _dispatch_some(self) -> None:
@@ -528,7 +457,7 @@ class DataFlow:
     def _new_ticket(self) -> str:
         task = self.stream.next()
         tid = f"t{next(self._ids)}"
-        ticket = Ticket(tid, task, self.config.workflow, tuple(self.config.policies))
+        ticket = Ticket(tid, task, self.params.workflow, tuple(self.params.policies))
         self.tickets[tid] = ticket
         self.ledger.open(ticket)
         return tid
@@ -537,8 +466,8 @@ class DataFlow:
         svc = self.services[service_id]
         while self._running and svc.alive:
             try:
-                results = await asyncio.wait_for(svc.handle.collect(self.config.poll_s),
-                                                 self.config.poll_s + self.config.dead_after_s)
+                results = await asyncio.wait_for(svc.handle.collect(self.params.poll_s),
+                                                 self.params.poll_s + self.params.dead_after_s)
             except asyncio.CancelledError:
                 raise
             except (ServiceDead, asyncio.TimeoutError) as e:
@@ -576,7 +505,7 @@ class DataFlow:
             if reason:
                 self.ledger.resolve(res.ticket_id, p, "filtered", reason)
                 self.filtered_since[p] += 1
-                if self.config.replay_fill or not self.config.refill:  # no new rollout takes its place
+                if self.config.replay_fill or not self.params.refill:  # no new rollout takes its place
                     self.consumed[p] += 1
                 continue
             self.ledger.buffer(res.ticket_id, p)
@@ -617,7 +546,7 @@ class DataFlow:
 
     def _retry(self, ticket_id: str, why: str) -> None:
         ticket = self.tickets[ticket_id]
-        if ticket.attempt + 1 >= self.config.max_attempts:
+        if ticket.attempt + 1 >= self.params.max_attempts:
             for p in ticket.policies:
                 self.ledger.resolve(ticket_id, p, "filtered", "attempts")
             return

@@ -137,14 +137,14 @@ class Ledger:
         return [tid for tid, e in self.entries.items()
                 if any(s == state and (policy is None or p == policy) for p, s in e.state.items())]
 
-    def dispatched_on(self, service: str) -> list[str]:
-        return [tid for tid, e in self.entries.items() if e.service == service
-                and any(s == "dispatched" for s in e.state.values())]
-
-    def open_count(self, policy: str | None = None) -> int:
-        """(ticket, policy) pairs not yet terminal."""
-        return sum(1 for e in self.entries.values() for p, s in e.state.items()
-                   if s not in TERMINAL and (policy is None or p == policy))
+    def describe(self, ticket_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Plain-data record of each ticket: states per policy, last service, attempt and history."""
+        out: dict[str, dict[str, Any]] = {}
+        for tid in ticket_ids:
+            e = self._get(tid)
+            out[tid] = {"states": dict(e.state), "reasons": dict(e.reason), "service": e.service,
+                        "attempt": e.ticket.attempt, "history": list(e.history)}
+        return out
 
     def counts(self) -> dict[str, Any]:
         """``{state: n}`` over (ticket, policy) pairs, reasons per terminal state, resubmits, late results."""

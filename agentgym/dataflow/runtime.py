@@ -1,205 +1,125 @@
-"""Runtimes: where the dataflow components live. One driver-side API, two implementations.
+"""Runtimes: where the dataflow components live. One driver-side API (:class:`~agentgym.dataflow.spec.FlowRuntime`),
+two implementations, one flow wrapper (:class:`~agentgym.dataflow.host.FlowHost`) under both.
 
-* :class:`EmbeddedRuntime` (the default): DataFlow and every RolloutService in this process, on
-  one asyncio loop. No extra dependency.
-* :class:`~agentgym.dataflow.ray_runtime.RayRuntime`: DataFlow and each service are Ray actors
+* :class:`EmbeddedRuntime` (the default): the flow and every RolloutService in this process, on one
+  asyncio loop. No extra dependency.
+* :class:`~agentgym.dataflow.ray_runtime.RayRuntime`: the flow and each service are Ray actors
   (services can be placed on other nodes); the trainer stays in the driver.
 
-Both expose the same async methods (:class:`FlowRuntime`) and run the same
-:class:`~agentgym.dataflow.flow.DataFlow` code, so the contract tests run on both.
-
-A service is described by a :class:`ServiceSpec`: a name and a *factory* that builds its workflows
-(and so its policies) where the service runs: in this process, or inside a Ray actor on another
-node (the factory must then be picklable by cloudpickle).
+Both run the same :class:`~agentgym.dataflow.flow.DataFlow` code, so the contract tests run on both.
+:func:`make_runtime` picks one from the ``[dataflow]`` table.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from agentgym.dataflow.flow import Batch, DataFlow, DataflowConfig, GroupFilter
-from agentgym.dataflow.service import LocalService, RolloutService, ServiceDead
+from agentgym.dataflow.config import DataflowConfig, FlowParams
+from agentgym.dataflow.flow import Batch, DataFlow, GroupFilter
+from agentgym.dataflow.host import FlowHost
+from agentgym.dataflow.service import LocalService
+from agentgym.dataflow.spec import FlowRuntime, ServiceSpec, build_service
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
-from agentgym.errors import ConfigurationError, WeightSyncError
-from agentgym.rollout.workflow import Workflow
+from agentgym.errors import ConfigurationError
+from agentgym.weights import Publication, WeightUpdate
 
-__all__ = ["EmbeddedRuntime", "FlowRuntime", "ServiceSpec", "build_service", "make_runtime"]
-
-
-@dataclass
-class ServiceSpec:
-    """How to build one rollout service.
-
-    Attributes:
-        name: Unique service id.
-        workflows: ``() -> {name: workflow}``, called where the service runs.
-        capacity: Groups in flight at once.
-        max_concurrency: Episodes in flight (the service's rollout runtime).
-        env_factory: ``env_id -> env`` for the service's rollout runtime (default: the registry).
-        resources: Ray only: custom resources that place the actor (e.g. ``{"node2": 0.01}``).
-        close_policies: The service owns the policies its workflows factory builds (a vLLM engine per
-            service) and closes them when it stops. Leave it ``False`` when the factory hands out
-            policies that live on after the service (the recipe's own rollout policies).
-    """
-
-    name: str
-    workflows: Callable[[], Mapping[str, Workflow]]
-    capacity: int = 4
-    max_concurrency: int = 32
-    env_factory: Callable[[str], Any] | None = None
-    resources: dict[str, float] | None = None
-    close_policies: bool = False
-
-
-def build_service(spec: ServiceSpec) -> RolloutService:
-    """Build the service a spec describes (in the calling process)."""
-    return RolloutService(spec.name, spec.workflows(), max_groups=spec.capacity, max_concurrency=spec.max_concurrency,
-                          env_factory=spec.env_factory, close_policies=spec.close_policies)
-
-
-@runtime_checkable
-class FlowRuntime(Protocol):
-    """What a trainer (or a test) drives, whatever the runtime."""
-
-    async def start(self) -> None: ...
-
-    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None: ...
-
-    async def remove_service(self, name: str, *, drain: bool = True) -> None: ...
-
-    async def kill_service(self, name: str) -> None: ...
-
-    async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch: ...
-
-    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]: ...
-
-    async def step_done(self, policy_id: str) -> None: ...
-
-    async def live_services(self) -> list[str]: ...
-
-    async def stats(self) -> dict[str, Any]: ...
-
-    async def drain(self, timeout: float | None = None) -> None: ...
-
-    async def check_ledger(self, drained: bool = False) -> dict[str, Any]: ...
-
-    async def stop(self) -> None: ...
-
-
-async def publish_to(flow: DataFlow, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
-    """Send ``update`` (version ``version``) to every live service that hosts ``policy_id``; then the
-    flow moves to that version. Returns ``{service: "ok" | "full" | error}``.
-
-    ``update`` may be a delta against version ``version - 1``; a service that is not at that version
-    (it joined late, or missed an update) gets ``full`` (the whole state) instead, when given. A
-    service that fails to apply an update is taken out rather than left serving old weights.
-    """
-    out: dict[str, str] = {}
-
-    async def one(sid: str) -> None:
-        svc = flow.services[sid]
-        try:
-            payload, how = update, "ok"
-            if full is not None:
-                current = await svc.handle.weight_version(policy_id)  # type: ignore[attr-defined]
-                if current != version - 1:
-                    payload, how = full, "full"
-            await svc.handle.update_weights(policy_id, payload, version)
-            out[sid] = how
-        except ConfigurationError as e:  # this service does not host the policy
-            out[sid] = f"skipped: {e}"
-        except ServiceDead as e:
-            out[sid] = f"dead: {e}"
-        except WeightSyncError:
-            raise  # the publisher's mistake (a version that is not newer), not the service's
-        except Exception as e:  # an update a service cannot apply: take it out rather than serve old weights
-            out[sid] = f"failed: {type(e).__name__}: {e}"
-            await flow.remove_service(sid, drain=False)
-
-    await asyncio.gather(*(one(sid) for sid in flow.live_services()))
-    flow.set_version(policy_id, version)
-    return out
+__all__ = ["EmbeddedRuntime", "make_runtime"]
 
 
 class EmbeddedRuntime:
-    """DataFlow and services in this process (see the module docstring).
+    """The flow and its services in this process (see the module docstring).
 
     Args:
-        tasks: The task pool.
-        config: The dataflow configuration.
-        seed: Task order seed.
-        stream: A ready task stream instead of ``tasks`` + ``seed`` (curriculum, skipper).
-        skipper: GRESO-style zero-variance task skipping (when no ``stream`` is given).
-        filters: Group filters (default: the config's).
+        stream: The task stream (order, curriculum, skipping).
+        config: The ``[dataflow]`` table; ``params``: what the run derives (batch shape, filters, timings).
+        filters: Group filters (default: the params' switches).
     """
 
     name = "embedded"
 
-    def __init__(self, tasks: Sequence[TaskRef] = (), config: DataflowConfig | None = None, *, seed: int = 0,
-                 stream: TaskStream | None = None, filters: Sequence[GroupFilter] | None = None,
-                 skipper: ZeroVarianceSkipper | None = None) -> None:
-        self.flow = DataFlow(stream or TaskStream(tasks, seed=seed, skipper=skipper), config, filters=filters)
+    def __init__(self, stream: TaskStream, config: DataflowConfig | None = None, params: FlowParams | None = None, *,
+                 filters: Sequence[GroupFilter] | None = None) -> None:
+        self.host = FlowHost(stream, config or DataflowConfig(), params or FlowParams(), filters)
+
+    @property
+    def flow(self) -> DataFlow:
+        """The flow itself (this process only: e.g. to add a group observer that writes a local file)."""
+        return self.host.flow
 
     async def start(self) -> None:
-        await self.flow.start()
+        await self.host.start()
 
-    async def add_service(self, spec: ServiceSpec, *, weights: Mapping[str, tuple[Any, int]] | None = None) -> None:
-        """Start a service; with ``weights`` (``{policy: (state, version)}``) it gets them before any work."""
+    async def add_service(self, spec: ServiceSpec, *,
+                          weights: Mapping[str, tuple[WeightUpdate, int]] | None = None) -> None:
+        """Start a service; with ``weights`` (``{policy: (whole state, version)}``) it gets them before any work."""
         handle = LocalService(build_service(spec))
-        self.flow.add_service(handle, spec.capacity, ready=not weights)
+        await self.host.add_service(handle, spec.capacity, ready=not weights)
         if weights:
             for pid, (state, version) in weights.items():
                 await handle.update_weights(pid, state, version)
-            self.flow.mark_ready(spec.name)
+            await self.host.mark_ready(spec.name)
 
     async def remove_service(self, name: str, *, drain: bool = True) -> None:
-        await self.flow.remove_service(name, drain=drain)
+        await self.host.remove_service(name, drain=drain)
 
     async def kill_service(self, name: str) -> None:
-        handle = self.flow.services[name].handle
-        await handle.kill()  # type: ignore[attr-defined]
+        """Crash a service (in-flight work is dropped; the flow resubmits it elsewhere)."""
+        handle = self.host.flow.services[name].handle
+        assert isinstance(handle, LocalService)
+        await handle.kill()
 
     async def get_batch(self, policy_id: str, n_groups: int | None = None, timeout: float | None = None) -> Batch:
-        return await self.flow.get_batch(policy_id, n_groups, timeout)
+        return await self.host.get_batch(policy_id, n_groups, timeout)
 
-    async def publish(self, policy_id: str, update: Any, version: int, full: Any = None) -> dict[str, str]:
-        return await publish_to(self.flow, policy_id, update, version, full)
+    async def publish(self, policy_id: str, publication: Publication) -> dict[str, str]:
+        return await self.host.publish(policy_id, publication)
 
     async def step_done(self, policy_id: str) -> None:
-        self.flow.step_done(policy_id)
+        await self.host.step_done(policy_id)
 
     async def live_services(self) -> list[str]:
-        return self.flow.live_services()
+        return await self.host.live_services()
 
     async def stats(self) -> dict[str, Any]:
-        return self.flow.stats()
+        return await self.host.stats()
 
     async def drain(self, timeout: float | None = None) -> None:
-        await self.flow.drain(timeout)
+        await self.host.drain(timeout)
 
     async def check_ledger(self, drained: bool = False) -> dict[str, Any]:
-        self.flow.ledger.check(drained=drained)
-        return self.flow.ledger.counts()
+        return await self.host.check_ledger(drained)
+
+    async def tickets(self, ticket_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return await self.host.tickets(ticket_ids)
 
     async def state_dict(self) -> dict[str, Any]:
-        return self.flow.state_dict()
+        return await self.host.state_dict()
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.flow.load_state_dict(state)
+        await self.host.load_state_dict(state)
 
     async def stop(self) -> None:
-        await self.flow.stop()
+        await self.host.stop()
 
 
-def make_runtime(kind: str, tasks: Sequence[TaskRef], config: DataflowConfig, **kwargs: Any) -> Any:
-    """``"embedded"`` or ``"ray"`` (``kwargs`` go to the runtime: seed, address, ...)."""
-    if kind == "embedded":
-        return EmbeddedRuntime(tasks, config, **kwargs)
-    if kind == "ray":
+def make_runtime(config: DataflowConfig, params: FlowParams, tasks: Sequence[TaskRef], *, seed: int = 0,
+                 filters: Sequence[GroupFilter] | None = None,
+                 ray_init: Mapping[str, Any] | None = None) -> FlowRuntime:
+    """The runtime ``config.runtime`` names, over ``tasks`` drawn in a ``seed``-ed order (GRESO skipping
+    when ``config.skip_zero_variance``).
+
+    Args:
+        filters: Group filters (embedded runtime only; default: the params' switches).
+        ray_init: Extra ``ray.init`` arguments (Ray runtime only).
+    """
+    skipper = (ZeroVarianceSkipper(config.skip_patience, config.skip_explore) if config.skip_zero_variance else None)
+    if config.runtime == "ray" and filters is not None:
+        raise ConfigurationError("custom group filters run in this process: use the embedded runtime, or the "
+                                 "params' filter switches with the Ray runtime")
+    stream = TaskStream(tasks, seed=seed, skipper=skipper)
+    if config.runtime == "ray":
         from agentgym.dataflow.ray_runtime import RayRuntime
 
-        return RayRuntime(tasks, config, **kwargs)
-    raise ConfigurationError(f"runtime must be 'embedded' or 'ray', got {kind!r}")
+        return RayRuntime(stream, config, params, address=config.ray_address, init_kwargs=dict(ray_init or {}))
+    return EmbeddedRuntime(stream, config, params, filters=filters)

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agentgym.dataflow.ledger import Ticket
-from agentgym.errors import AgentGymError, ConfigurationError
+from agentgym.errors import AgentGymError, ConfigurationError, PolicyNotHosted, WeightUpdateRejected
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.runtime import RolloutRuntime
 from agentgym.rollout.workflow import GroupRequest, Workflow
 from agentgym.types import TrajectoryGroup
+from agentgym.weights import WeightUpdate, crc32, decode, shared_key
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +61,14 @@ class RolloutService:
         max_concurrency: Episodes in flight, when the runtime is created here.
         env_factory: For the runtime created here.
         close_policies: Close the hosted policies when the service stops (the service built them).
+        weights_key: Verifies signed weight payloads (updates that crossed a process boundary);
+            default: the process's ``AGENTGYM_WEIGHTS_KEY``.
     """
 
     def __init__(self, service_id: str, workflows: Mapping[str, Workflow], *, max_groups: int = 8,
                  runtime: RolloutRuntime | None = None, max_concurrency: int = 32,
-                 env_factory: Callable[[str], Any] | None = None, close_policies: bool = False) -> None:
+                 env_factory: Callable[[str], Any] | None = None, close_policies: bool = False,
+                 weights_key: bytes | None = None) -> None:
         if not workflows:
             raise ConfigurationError("a rollout service needs at least one workflow")
         if max_groups < 1:
@@ -79,6 +83,7 @@ class RolloutService:
                 if other is not pol:
                     raise ConfigurationError(f"two different policies share the id {pol.policy_id!r} on one service")
         self.close_policies = close_policies
+        self.weights_key = weights_key or shared_key()
         self._own_runtime = runtime is None
         self.runtime = runtime or RolloutRuntime(max_concurrency=max_concurrency, env_factory=env_factory)
         self.engine = RolloutEngine(self.runtime, max_groups=max_groups)
@@ -131,16 +136,37 @@ class RolloutService:
     async def cancel(self, ticket_id: str, attempt: int) -> bool:
         return self.engine.cancel(f"{ticket_id}#{attempt}")
 
-    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]:
-        """Apply a weight update to a hosted policy (without blocking the service's loop)."""
+    async def update_weights(self, policy_id: str, update: WeightUpdate | bytes, version: int) -> list[str]:
+        """Apply a weight update to a hosted policy (without blocking the service's loop).
+
+        A signed wire payload (an update that crossed a process boundary) is verified with the service's
+        ``weights_key`` first (:func:`agentgym.weights.decode`); the policy gets the update itself.
+
+        Raises:
+            PolicyNotHosted, VersionNotNewer, ChecksumMismatch, WeightUpdateRejected: nothing was applied.
+        """
         pol = self._policy(policy_id)
+        if not isinstance(update, WeightUpdate):
+            dec = decode(update, self.weights_key)
+            if dec.version != version or dec.parts != 1:
+                raise WeightUpdateRejected(f"the payload is signed for version {dec.version}, offered as {version}")
+            update = dec.update
         fn = getattr(pol, "update_weights_async", None)
         if fn is not None:
-            return list(await fn(update, version, **kwargs))
-        return list(await asyncio.to_thread(pol.update_weights, update, version, **kwargs))
+            return list(await fn(update, version))
+        return list(await asyncio.to_thread(pol.update_weights, update, version))
 
     async def weight_version(self, policy_id: str) -> int:
         return int(getattr(self._policy(policy_id), "weight_version", 0))
+
+    async def weight_checksums(self, policy_id: str, names: list[str]) -> dict[str, int]:
+        """CRC-32 of a hosted policy's tensors ``names`` (what it serves, to check a publish end to end)."""
+        pol = self._policy(policy_id)
+        fn = getattr(pol, "weight_checksums", None)
+        if callable(fn):
+            return {k: int(v) for k, v in (await asyncio.to_thread(fn, names)).items()}
+        state = pol.state_dict()
+        return {n: crc32(state[n]) for n in names if n in state}
 
     async def stop(self) -> None:
         """Cancel in-flight work and release the runtime."""
@@ -164,7 +190,7 @@ class RolloutService:
         try:
             return self.policies[policy_id]
         except KeyError:
-            raise ConfigurationError(f"service {self.service_id} hosts no policy {policy_id!r}; it hosts "
+            raise PolicyNotHosted(f"service {self.service_id} hosts no policy {policy_id!r}; it hosts "
                                      f"{sorted(self.policies)}") from None
 
     def _queue(self) -> asyncio.Queue[ServiceResult]:
@@ -204,9 +230,11 @@ class ServiceHandle(Protocol):
 
     async def status(self) -> dict[str, Any]: ...
 
-    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]: ...
+    async def update_weights(self, policy_id: str, update: WeightUpdate | bytes, version: int) -> list[str]: ...
 
     async def weight_version(self, policy_id: str) -> int: ...
+
+    async def weight_checksums(self, policy_id: str, names: list[str]) -> dict[str, int]: ...
 
     async def stop(self) -> None: ...
 
@@ -237,13 +265,17 @@ class LocalService:
         self._alive()
         return await self.service.status()
 
-    async def update_weights(self, policy_id: str, update: Any, version: int, **kwargs: Any) -> list[str]:
+    async def update_weights(self, policy_id: str, update: WeightUpdate | bytes, version: int) -> list[str]:
         self._alive()
-        return await self.service.update_weights(policy_id, update, version, **kwargs)
+        return await self.service.update_weights(policy_id, update, version)
 
     async def weight_version(self, policy_id: str) -> int:
         self._alive()
         return await self.service.weight_version(policy_id)
+
+    async def weight_checksums(self, policy_id: str, names: list[str]) -> dict[str, int]:
+        self._alive()
+        return await self.service.weight_checksums(policy_id, names)
 
     async def cancel(self, ticket_id: str, attempt: int) -> bool:
         self._alive()

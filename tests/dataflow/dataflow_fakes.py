@@ -10,12 +10,19 @@ from typing import Any
 
 from rollout_fakes import SUBMIT, FakePolicy, counter_action, messages_of
 
+from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.dataflow.service import LocalService, RolloutService
-from agentgym.errors import WeightSyncError
+from agentgym.errors import VersionNotNewer
 from agentgym.policy import Capabilities, Generation, GenRequest
 from agentgym.rollout import MultiTurnWorkflow, RolloutLimits
 
 ENV = "agentgym/TestCounter-v0"
+
+
+def configs(**kw: Any) -> tuple[DataflowConfig, FlowParams]:
+    """Keyword settings split into the ``[dataflow]`` table and the run's derived params."""
+    params = {k: kw.pop(k) for k in list(kw) if k in FlowParams.model_fields}
+    return DataflowConfig(**kw), FlowParams(**params)
 
 
 class CoinPolicy(FakePolicy):
@@ -25,12 +32,18 @@ class CoinPolicy(FakePolicy):
 
     capabilities = Capabilities(weight_updates=True)
 
-    def __init__(self, policy_id: str = "policy", p_fail: float = 0.5, latency: float = 0.01) -> None:
+    def __init__(self, policy_id: str = "policy", p_fail: float = 0.5, latency: float = 0.01,
+                 shape: tuple[int, ...] | None = None) -> None:
         self.policy_id = policy_id
         self.p_fail = p_fail
         self.latency = latency
         self.weight_version = 0
         self.updates: list[int] = []
+        self.state: dict[str, Any] | None = None
+        if shape is not None:  # real tensors, updated by the policies' own apply code (names and shapes checked)
+            import torch
+
+            self.state = {"w": torch.zeros(shape)}
 
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         await asyncio.sleep(self.latency)
@@ -44,10 +57,15 @@ class CoinPolicy(FakePolicy):
 
     def update_weights(self, update: Any, version: int) -> list[str]:
         if version <= self.weight_version:
-            raise WeightSyncError(f"version {version} not newer than {self.weight_version}")
+            raise VersionNotNewer(f"version {version} not newer than {self.weight_version}")
+        changed: list[str] = []
+        if self.state is not None:
+            from agentgym.policies.weights import apply_update
+
+            changed = apply_update(self.state, update)
         self.weight_version = version
         self.updates.append(version)
-        return []
+        return changed
 
 
 def make_service(name: str, group_size: int = 4, max_groups: int = 4, p_fail: float = 0.5, latency: float = 0.01,
@@ -58,7 +76,15 @@ def make_service(name: str, group_size: int = 4, max_groups: int = 4, p_fail: fl
 
 
 def coin_workflows(group_size: int = 4, p_fail: float = 0.5, latency: float = 0.01,
-                   policy_id: str = "policy") -> dict[str, MultiTurnWorkflow]:
+                   policy_id: str = "policy", shape: tuple[int, ...] | None = None) -> dict[str, MultiTurnWorkflow]:
     """A service's workflows (a picklable factory for ServiceSpec: it runs where the service runs)."""
-    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency)
+    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency, shape=shape)
     return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))}
+
+
+def hf_workflows(path: str, group_size: int = 2) -> dict[str, MultiTurnWorkflow]:
+    """A service's workflows over a real HFPolicy (fp32) on ``path`` (built where the service runs)."""
+    from agentgym.policies.hf import HFPolicy
+
+    pol = HFPolicy(path, policy_id="policy", dtype="float32", max_batch_size=2)
+    return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=2))}

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from dataflow_fakes import ENV, make_service
+from dataflow_fakes import ENV, configs, make_service
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agentgym.dataflow.flow import DataFlow, DataflowConfig
+from agentgym.dataflow.flow import DataFlow
 from agentgym.dataflow.service import ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream
+from agentgym.weights import WeightUpdate
 
 
 class DataflowMachine(RuleBasedStateMachine):
@@ -22,7 +23,7 @@ class DataflowMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         tasks = [TaskRef(ENV, f"ok-{n}", seed=0) for n in (1, 2, 3)]
         self.flow = DataFlow(TaskStream(tasks, seed=0),
-                             DataflowConfig(groups_per_step=2, max_staleness=1, poll_s=0.02, dead_after_s=2.0))
+                             *configs(groups_per_step=2, max_staleness=1, poll_s=0.02, dead_after_s=2.0))
         self.n = 0
         self.trained: list[str] = []
         self.run(self.flow.start())
@@ -42,7 +43,7 @@ class DataflowMachine(RuleBasedStateMachine):
         self.flow.add_service(handle, capacity=capacity, ready=False)
         v = self.flow.versions["policy"]
         if v:
-            self.run(handle.update_weights("policy", None, v))
+            self.run(handle.update_weights("policy", WeightUpdate.full({}), v))
         self.flow.mark_ready(handle.service_id)
         self.n += 1
 
@@ -67,7 +68,7 @@ class DataflowMachine(RuleBasedStateMachine):
             v = self.flow.versions["policy"] + 1
             for sid in self.live():
                 with contextlib.suppress(ServiceDead):
-                    await self.flow.services[sid].handle.update_weights("policy", None, v)
+                    await self.flow.services[sid].handle.update_weights("policy", WeightUpdate.full({}), v)
             self.flow.set_version("policy", v)
 
         self.run(step())

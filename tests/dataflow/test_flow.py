@@ -7,13 +7,15 @@ import contextlib
 import time
 
 import pytest
-from dataflow_fakes import ENV, make_service
+from dataflow_fakes import ENV, configs, make_service
 
-from agentgym.dataflow.flow import DataFlow, DataflowConfig
+from agentgym.dataflow.config import DataflowConfig, FlowParams
+from agentgym.dataflow.flow import DataFlow
 from agentgym.dataflow.ledger import LedgerError
 from agentgym.dataflow.service import ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError
+from agentgym.weights import WeightUpdate
 
 TASKS = [TaskRef(ENV, f"ok-{n}", seed=0) for n in (1, 2, 3)]
 
@@ -24,21 +26,20 @@ async def train(flow: DataFlow, steps: int, policy: str = "policy", train_s: flo
     tickets: list[str] = []
     for _ in range(steps):
         batch = await flow.get_batch(policy, timeout=60)
-        assert len(batch.groups) == flow.config.groups_per_step
+        assert len(batch.groups) == flow.params.groups_per_step
         staleness += [flow.versions[policy] - v for v in batch.versions]
         tickets += batch.tickets
         await asyncio.sleep(train_s)
         v = flow.versions[policy] + 1
         for sid in flow.live_services():
             with contextlib.suppress(ServiceDead):
-                await flow.services[sid].handle.update_weights(policy, None, v)
+                await flow.services[sid].handle.update_weights(policy, WeightUpdate.full({}), v)
         flow.set_version(policy, v)
     return {"staleness": staleness, "tickets": tickets}
 
 
 def _flow(**kw: object) -> DataFlow:
-    cfg = DataflowConfig(**{"groups_per_step": 3, "poll_s": 0.05, **kw})  # type: ignore[arg-type]
-    return DataFlow(TaskStream(TASKS, seed=0), cfg)
+    return DataFlow(TaskStream(TASKS, seed=0), *configs(**{"groups_per_step": 3, "poll_s": 0.05, **kw}))
 
 
 async def test_synchronous_is_max_staleness_zero_and_accounts_every_ticket() -> None:
@@ -137,9 +138,16 @@ async def test_dead_service_detected_by_missed_heartbeats() -> None:
 
 def test_config_errors_are_reported_together() -> None:
     with pytest.raises(ConfigurationError) as e:
-        DataflowConfig(groups_per_step=0, max_staleness=-1, replay_ratio=1.5)
+        DataflowConfig(max_staleness=-1, replay_ratio=1.5, runtime="spark")  # type: ignore[arg-type]
     msg = str(e.value)
-    assert "groups_per_step" in msg and "max_staleness" in msg and "replay_ratio" in msg
+    assert "max_staleness" in msg and "replay_ratio" in msg and "runtime" in msg
+    with pytest.raises(ConfigurationError) as e:
+        FlowParams(groups_per_step=0, poll_s=0)
+    assert "groups_per_step" in str(e.value) and "poll_s" in str(e.value)
+    with pytest.raises(ConfigurationError, match="at least one policy"):
+        FlowParams(policies=())
+    with pytest.raises(ConfigurationError, match="groups_per_step: unknown key"):
+        DataflowConfig(groups_per_step=3)  # type: ignore[call-arg]  (a FlowParams field: one model per concern)
 
 
 def test_ledger_refuses_double_counting() -> None:
@@ -176,7 +184,7 @@ def test_zero_variance_skipper_has_an_exploration_floor() -> None:
 async def test_a_service_closes_the_policies_it_built_and_only_those() -> None:
     from dataflow_fakes import coin_workflows
 
-    from agentgym.dataflow.runtime import ServiceSpec, build_service
+    from agentgym.dataflow.spec import ServiceSpec, build_service
 
     shared = coin_workflows()  # policies that outlive the service (the recipe's own)
     keep = build_service(ServiceSpec("shared", lambda: shared))

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_runtimes import TASKS, spec, trainer
+from dataflow_fakes import configs
+from test_runtimes import TASKS, in_flight_on, resubmitted_once_elsewhere, spec, trainer
 
-from agentgym.dataflow.flow import DataflowConfig
+from agentgym.dataflow.tasks import TaskStream
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
@@ -72,7 +73,7 @@ def cluster() -> Iterator[str]:
 def _runtime(address: str, **cfg: object):  # type: ignore[no-untyped-def]
     from agentgym.dataflow.ray_runtime import RayRuntime
 
-    return RayRuntime(TASKS, DataflowConfig(**{"poll_s": 0.05, **cfg}), address=address)  # type: ignore[arg-type]
+    return RayRuntime(TaskStream(TASKS), *configs(**{"poll_s": 0.05, **cfg}), address=address)
 
 
 async def test_service_runs_on_the_second_node(cluster: str) -> None:
@@ -101,34 +102,35 @@ async def test_service_runs_on_the_second_node(cluster: str) -> None:
     assert all(stats["services"][s]["completed"] > 0 for s in ("on-head", "on-node2"))
 
 
-async def test_adding_a_service_raises_throughput_and_killing_one_loses_nothing(cluster: str) -> None:
-    """A fixed-latency policy backend (0.15 s per call) makes scaling measurable on 2 cores."""
-    rt = _runtime(cluster, groups_per_step=4, max_staleness=8, dead_after_s=10)
+async def test_an_added_service_takes_work_and_killing_it_loses_nothing(cluster: str) -> None:
+    """Elastic scaling on a real two-node cluster: the mechanism only (the service added on node2 receives and
+    finishes work; killed mid-episode, its tickets finish once elsewhere). The throughput gain of adding
+    services is a figure, measured in ``benchmarks/bench_dataflow.py --sections elastic``."""
+    rt = _runtime(cluster, groups_per_step=4, max_staleness=8, dead_after_s=120)
     await rt.start()
     try:
         s1 = spec("s1", latency=0.15)
         s1.capacity = 2
         await rt.add_service(s1)
-        await trainer(rt, 1)  # warm up
-        t0 = time.monotonic()
-        _, t_one = await trainer(rt, 3)
-        one = 12 / (time.monotonic() - t0)
+        _, t_one = await trainer(rt, 2)
         s2 = spec("s2", latency=0.15)
         s2.capacity, s2.resources = 2, {"node2": 0.01}
         await rt.add_service(s2)
-        await trainer(rt, 1)
-        t0 = time.monotonic()
         _, t_two = await trainer(rt, 3)
-        two = 12 / (time.monotonic() - t0)
-        await asyncio.sleep(0.1)
-        await rt.kill_service("s2")  # mid-episode: s2 has groups in flight
-        _, t_after = await trainer(rt, 2)
+        deadline = time.monotonic() + 120
+        while (await rt.stats())["services"]["s2"]["completed"] == 0:  # the added service finishes work
+            assert time.monotonic() < deadline, "the added service finished no work in 120 s"
+            await asyncio.sleep(0.05)
+        later = asyncio.ensure_future(trainer(rt, 2))  # consuming frees budget, so new work is dispatched
+        held = await in_flight_on(rt, "s2")  # mid-episode: s2 has groups in flight
+        await rt.kill_service("s2")
+        _, t_after = await later
         await rt.drain(timeout=120)
         counts = await rt.check_ledger(drained=True)
+        records = await rt.tickets(held)
         live = await rt.live_services()
     finally:
         await rt.stop()
-    assert two > 1.4 * one, (one, two)
-    assert live == ["s1"] and counts["resubmitted"] >= 1
+    assert live == ["s1"] and counts["resubmitted"] >= resubmitted_once_elsewhere(records, "s2", "s1", racy=True) >= 1
     trained = t_one + t_two + t_after
-    assert len(trained) == len(set(trained))
+    assert len(trained) == len(set(trained)) == counts["states"]["trained"]

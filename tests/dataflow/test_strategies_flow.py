@@ -8,14 +8,16 @@ import contextlib
 import random
 
 import pytest
-from dataflow_fakes import ENV, make_service
+from dataflow_fakes import ENV, configs, make_service
 
-from agentgym.dataflow.flow import DataFlow, DataflowConfig
+from agentgym.dataflow.config import DataflowConfig, FlowParams
+from agentgym.dataflow.flow import DataFlow
 from agentgym.dataflow.replay import GroupReplay
 from agentgym.dataflow.service import ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStats, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError
 from agentgym.types import Trajectory, TrajectoryGroup
+from agentgym.weights import WeightUpdate
 
 
 def _group(gid: str, rewards: list[float], early_stopped: bool = False) -> TrajectoryGroup:
@@ -120,7 +122,7 @@ def test_replay_configuration_errors_are_reported_together() -> None:
     msg = str(e.value)
     assert all(w in msg for w in ("size", "priority", "half_life", "beta", "max_age"))
     with pytest.raises(ConfigurationError, match="replay_fill"):
-        DataflowConfig(replay_fill=True, filter_zero_variance=False)
+        DataFlow(TaskStream(TASKS, seed=0), DataflowConfig(replay_fill=True), FlowParams(filter_zero_variance=False))
 
 
 # ----------------------------------------------------------------------------- GRESO decision rule
@@ -151,8 +153,7 @@ TASKS = [TaskRef(ENV, f"ok-{n}", seed=0) for n in (1, 2, 3, 4)]
 
 
 async def _run(steps: int, p_fail: float, **kw: object) -> tuple[DataFlow, list]:
-    cfg = DataflowConfig(**{"groups_per_step": 3, "poll_s": 0.05, "max_staleness": 0, **kw})  # type: ignore[arg-type]
-    flow = DataFlow(TaskStream(TASKS, seed=0), cfg)
+    flow = DataFlow(TaskStream(TASKS, seed=0), *configs(**{"groups_per_step": 3, "poll_s": 0.05, "max_staleness": 0, **kw}))
     flow.add_service(make_service("s0", p_fail=p_fail, latency=0.001), capacity=3)
     await flow.start()
     batches = []
@@ -163,7 +164,7 @@ async def _run(steps: int, p_fail: float, **kw: object) -> tuple[DataFlow, list]
             v = flow.versions["policy"] + 1
             for sid in flow.live_services():
                 with contextlib.suppress(ServiceDead):
-                    await flow.services[sid].handle.update_weights("policy", None, v)
+                    await flow.services[sid].handle.update_weights("policy", WeightUpdate.full({}), v)
             flow.set_version("policy", v)
     finally:
         await flow.drain(timeout=30)
@@ -197,8 +198,7 @@ async def test_a_resumed_flow_keeps_its_replay_buffer() -> None:
     assert kept, "the run kept no informative group to replay"
     state = flow.state_dict()
     assert "policy" in state["replay"]
-    fresh = DataFlow(TaskStream(TASKS, seed=0), DataflowConfig(groups_per_step=3, replay_ratio=0.5,
-                                                                replay_priority="recency"))
+    fresh = DataFlow(TaskStream(TASKS, seed=0), *configs(groups_per_step=3, replay_ratio=0.5, replay_priority="recency"))
     fresh.load_state_dict(state)
     assert [(e.group.group_id, e.version) for e in fresh.replay["policy"].entries] == kept
     assert fresh.replay["policy"].added == flow.replay["policy"].added
@@ -222,7 +222,7 @@ async def test_flow_counts_tokens_outcomes_and_audited_gate_decisions() -> None:
     assert g["finished"] == sum(g["outcomes"]["policy"].values()) and g["episodes"] == 4 * g["finished"]
     assert g["generated_tokens"] > 0 and g["generated_tokens"] % 3 == 0  # the coin player makes 3 tokens a turn
     # gate records on finished groups become counters (audited: against the group's final variance)
-    flow2 = DataFlow(TaskStream(TASKS, seed=0), DataflowConfig())
+    flow2 = DataFlow(TaskStream(TASKS, seed=0))
     recs = [("stop", True), ("stop", False), ("continue", True), ("stop", True)]
     for i, (action, zv) in enumerate(recs):
         grp = _group(f"x{i}", [0.0, 0.0])

@@ -1,12 +1,18 @@
-"""WeightSync to a real policy inside a real Ray actor (a local Ray started here and stopped after).
+"""The one publishing path across a real process boundary: WeightPublisher -> RayRuntime.publish ->
+a rollout service actor holding an HFPolicy on SmolLM2 (fp32), with a local Ray started here and stopped after.
 
-The actor holds an HFPolicy on SmolLM2 in fp32; the sync sends bf16 (full, then sparse deltas),
-so this also checks that an fp32 receiver takes bf16 deltas as deltas.
+The update crosses into the actor signed (HMAC with the runtime's key); the actor verifies it before the
+policy sees it, so a payload signed with another key, or an unsigned object, is refused there. The sync
+sends bf16 (full, then sparse deltas), so this also checks that an fp32 receiver takes bf16 deltas.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,29 +21,36 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[Any]:
     if ray.is_initialized():
         pytest.skip("a Ray runtime is already up in this process")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    path = os.pathsep.join([str(TESTS / "dataflow"), str(TESTS / "rollout"), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
         yield ray
     finally:
         ray.shutdown()
 
 
-def test_publish_to_a_policy_in_a_ray_actor(local_ray: Any) -> None:
-    from agentgym.policies.hf import HFPolicy
+async def test_publish_to_a_policy_in_a_ray_service_actor(local_ray: Any) -> None:
     from agentgym.policies.models import resolve_model
+    from dataflow_fakes import ENV, hf_workflows
     from safetensors.torch import load_file
 
-    from agentgym.dataflow.weightsync import PolicyActor, RayPolicyTarget, WeightSync, crc32_of
-    from agentgym.policy import GenRequest, SamplingParams
+    from agentgym.dataflow.config import DataflowConfig, FlowParams
+    from agentgym.dataflow.ray_runtime import RayRuntime
+    from agentgym.dataflow.spec import ServiceSpec
+    from agentgym.dataflow.tasks import TaskRef, TaskStream
+    from agentgym.errors import UpdateNotAuthenticated, WeightUpdateRejected
+    from agentgym.weights import WeightPublisher, WeightUpdate, crc32, encode
 
     path = resolve_model("smollm2-135m-instruct")
-    base = load_file(f"{path}/model.safetensors")  # bf16, as the sync sends
+    base = load_file(f"{path}/model.safetensors")  # bf16, as the publisher sends
     moved = ["model.norm.weight", *(n for n in base if n.startswith("model.layers.3."))]
     step = dict(base)
     g = torch.Generator().manual_seed(0)
@@ -47,30 +60,36 @@ def test_publish_to_a_policy_in_a_ray_actor(local_ray: Any) -> None:
         t.view(-1)[i] = (t.view(-1)[i].float() * 3.0 + 0.05).to(t.dtype)
         step[name] = t
 
-    actor = ray.remote(PolicyActor).options(num_cpus=1).remote(HFPolicy, path, dtype="float32", max_batch_size=2)
-    target = RayPolicyTarget(actor, timeout_s=300)
-    assert not target.supports_lora
-    names = target.names()
-    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: one tensor
-    req = [GenRequest(prompt_token_ids=[1, 504, 3458, 282, 4649, 314, 2], sampling=SamplingParams(temperature=0.0, max_tokens=8))]
+    rt = RayRuntime(TaskStream([TaskRef(ENV, "ok-1", seed=0)]), DataflowConfig(), FlowParams(groups_per_step=1),
+                    weights_key=b"the runtime's key")
+    try:
+        await rt.add_service(ServiceSpec("hf", functools.partial(hf_workflows, path)))  # no start(): no rollouts
 
-    def generate() -> Any:
-        (gen,) = ray.get(actor.generate.remote(req), timeout=300)
-        return gen
+        async def served(names: list[str]) -> dict[str, int]:
+            out: dict[str, int] = await rt.actors["hf"].weight_checksums.remote("policy", names)
+            return out
 
-    before = generate()
-    sync = WeightSync(target)
-    r1 = sync.publish(base, 1)
-    assert (r1.kind, r1.reason) == ("full", "first") and target.version() == 1
-    assert generate().token_ids == before.token_ids  # the same weights, through bf16 -> fp32
-    r2 = sync.publish(step, 2)
-    assert r2.kind == "delta" and r2.bytes_sent * 50 < r2.bytes_full and sorted(r2.changed_tensors) == sorted(moved)
-    # the actor's fp32 weights hold exactly the bf16 values sent
-    served = target.checksums(moved)
-    assert served == {n: crc32_of(step[n].float()) for n in moved}
-    after = generate()
-    assert after.weight_version == 2 and after.token_ids != before.token_ids
-    r3 = sync.publish(base, 3)  # back, as a delta again
-    assert r3.kind == "delta" and target.checksums(moved) == {n: crc32_of(base[n].float()) for n in moved}
-    assert generate().token_ids == before.token_ids
-    ray.kill(actor)
+        pub = WeightPublisher("bfloat16")
+        p1 = pub.publish(base, 1)
+        assert p1.update.kind == "full" and await rt.publish("policy", p1) == {"hf": "ok"}
+        p2 = pub.publish(step, 2)
+        assert p2.update.kind == "delta" and p2.report is not None and p2.report.bytes_sent * 50 < p2.report.bytes_full
+        assert sorted(p2.update.names()) == sorted(moved)
+        assert await rt.publish("policy", p2) == {"hf": "ok"}
+        # the actor's fp32 weights hold exactly the bf16 values sent
+        assert await served(moved) == {n: crc32(step[n].float()) for n in moved}
+        # the Ray hop takes only payloads signed with the runtime's key
+        forged = encode(WeightUpdate.full({"model.norm.weight": torch.zeros(576)}), 3, b"another key")
+        with pytest.raises(ray.exceptions.RayTaskError) as e:
+            await rt.actors["hf"].update_weights.remote("policy", forged, 3)
+        assert isinstance(e.value.cause, UpdateNotAuthenticated)
+        with pytest.raises(ray.exceptions.RayTaskError) as e:
+            await rt.actors["hf"].update_weights.remote("policy", WeightUpdate.full({}), 3)
+        assert isinstance(e.value.cause, WeightUpdateRejected)
+        assert await served(["model.norm.weight"]) == {"model.norm.weight": crc32(step["model.norm.weight"].float())}
+        p3 = pub.publish(base, 3)  # back, as a delta again
+        assert p3.update.kind == "delta" and await rt.publish("policy", p3) == {"hf": "ok"}
+        assert await served(moved) == {n: crc32(base[n].float()) for n in moved}
+        assert (await rt.stats())["versions"]["policy"] == 3
+    finally:
+        await asyncio.wait_for(rt.stop(), 120)

@@ -59,12 +59,18 @@ def vllm_server(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> 
     """A real `vllm serve` of SmolLM2 on 127.0.0.1; yields the base URL (``.../v1``).
 
     Dev mode (``/collective_rpc``, ``/pause``, ``/update_weight_version``, ...) and AgentGym's worker
-    extension are on, so weight sync can publish to it (tests/policies/test_vllm_weights.py).
+    extension are on, with this process's weights key, so weights can be published to it
+    (tests/policies/test_vllm_weights.py).
     """
     pytest.importorskip("vllm")
     port = free_port()
     log = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_SERVER_DEV_MODE": "1"}
+    from agentgym.weights import KEY_ENV, shared_key
+
+    key = shared_key(create=True)  # the publisher's key (this process's): the worker applies only what it signs
+    assert key is not None
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_SERVER_DEV_MODE": "1",
+           KEY_ENV: key.decode()}
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", smollm2_path, "--served-model-name", SERVED_NAME,

@@ -6,10 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from agentgym.policies.weights import WeightDelta
 
-from agentgym.errors import ConfigurationError, ContextLengthExceeded, PolicyTimeout, WeightSyncError
+from agentgym.errors import ContextLengthExceeded, PolicyTimeout, VersionNotNewer, WeightUpdateRejected
 from agentgym.policy import GenRequest, SamplingParams
+from agentgym.weights import WeightUpdate, crc32, diff
 
 pytestmark = pytest.mark.slow
 
@@ -74,19 +74,20 @@ async def test_weight_updates_change_outputs_and_versions(hf_policy: Any) -> Non
     original = hf_policy.state_dict()[name].detach().clone()
     changed = original.clone()
     changed.view(-1)[::3] += 0.5
-    delta = WeightDelta.from_diff({name: original}, {name: changed}, base_version=v0)
+    idx, vals = diff(original, changed)
+    delta = WeightUpdate.delta({name: idx}, {name: vals}, {name: crc32(original)})
     assert 0 < delta.num_changed() < original.numel()
     try:
         assert hf_policy.update_weights(delta, v0 + 1) == [name]
         (after,) = await hf_policy.generate([req])
         assert after.weight_version == v0 + 1 and before.weight_version == v0
         assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs, strict=False)) > 1e-2
-        with pytest.raises(WeightSyncError, match="not newer"):
-            hf_policy.update_weights({name: original}, v0 + 1)
-        with pytest.raises(ConfigurationError, match="does not have"):
-            hf_policy.update_weights({"no.such.weight": original}, v0 + 2)
+        with pytest.raises(VersionNotNewer):
+            hf_policy.update_weights(WeightUpdate.full({name: original}), v0 + 1)
+        with pytest.raises(WeightUpdateRejected, match="does not have"):
+            hf_policy.update_weights(WeightUpdate.full({"no.such.weight": original}), v0 + 2)
     finally:
-        await hf_policy.update_weights_async({name: original}, v0 + 2)
+        await hf_policy.update_weights_async(WeightUpdate.full({name: original}), v0 + 2)
     (restored,) = await hf_policy.generate([req])
     assert restored.token_ids == before.token_ids and restored.weight_version == v0 + 2
 

@@ -1,5 +1,6 @@
 """VLLMPolicy weight updates on the real engine: in place vs full reload, exact versions, abort and
-resume through the rollout, LoRA, and WeightSync to a real `vllm serve` (dev mode).
+resume through the rollout, LoRA, the worker extension under attack (forged, unsigned, replayed and
+malformed payloads), and the one publisher to a real `vllm serve` (dev mode).
 
 All tests share the session's one engine (conftest ``vllm_policy``) and server (``vllm_server``) and
 leave their weights as they found them (at a higher version).
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from agentgym.errors import ConfigurationError, WeightSyncError
+from agentgym.errors import ChecksumMismatch, VersionNotNewer, WeightUpdateRejected
 from agentgym.policy import GenRequest, SamplingParams
+from agentgym.weights import LoRAAdapter, WeightPublisher, WeightUpdate, crc32, diff
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 torch = pytest.importorskip("torch")
@@ -27,7 +29,15 @@ def _greedy(q: str, max_tokens: int = 16) -> GenRequest:
                       sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=True))
 
 
-def _collapse_norm(smollm2_path: str) -> tuple[dict[str, Any], set[int]]:
+def _delta(base: dict[str, Any], new: dict[str, Any]) -> WeightUpdate:
+    """The bit-pattern delta from ``base`` to ``new``, with the base checksums."""
+    pairs = {n: diff(base[n], new[n]) for n in new}
+    pairs = {n: p for n, p in pairs.items() if p[0].numel()}
+    return WeightUpdate.delta({n: i for n, (i, _) in pairs.items()}, {n: v for n, (_, v) in pairs.items()},
+                              {n: crc32(base[n]) for n in pairs})
+
+
+def _collapse_norm(smollm2_path: str) -> tuple[WeightUpdate, set[int]]:
     """A 576-element update that makes every next token one of two known ids.
 
     The final RMSNorm weight becomes one-hot on dim d, so logits_j = h_d * E[j, d]: the argmax is
@@ -44,7 +54,7 @@ def _collapse_norm(smollm2_path: str) -> tuple[dict[str, Any], set[int]]:
             break
     new = torch.zeros_like(norm)
     new[d] = 1.0
-    return {NORM: new}, {a, b}
+    return WeightUpdate.full({NORM: new}), {a, b}
 
 
 async def _wait_tokens(policy: Any, at_least: int, timeout: float = 60.0) -> None:
@@ -63,10 +73,6 @@ async def _wait_tokens(policy: Any, at_least: int, timeout: float = 60.0) -> Non
 
 
 async def test_sparse_delta_in_place_equals_full_reload(vllm_policy: Any, smollm2_path: str) -> None:
-    from agentgym.policies.weights import WeightDelta
-
-    from agentgym.dataflow.weightsync import crc32_of
-
     pol = vllm_policy
     req = _greedy("Write a haiku about the sea.", 24)
     (before,) = await pol.generate([req])
@@ -80,25 +86,26 @@ async def test_sparse_delta_in_place_equals_full_reload(vllm_policy: Any, smollm
         n = t.clone()
         n.view(-1)[i] = (n.view(-1)[i].float() * 1.5 + 0.01).to(t.dtype)
         new[name] = n
-    delta = WeightDelta.from_diff(base, new)
+    delta = _delta(base, new)
     v = pol.weight_version
     pol.update_weights(delta, v + 1, verify=True)
     assert pol.last_update["reloaded"] and set(pol.last_update["crc32"]) == set(delta.indices)
     # the worker's master now holds exactly `new`
-    assert pol.weight_checksums(names) == {n: crc32_of(t) for n, t in new.items()}
+    assert pol.weight_checksums(names) == {n: crc32(t) for n, t in new.items()}
     (inplace,) = await pol.generate([req])
     assert inplace.weight_version == v + 1 and inplace.token_ids != before.token_ids
     pol.full_reload(v + 2)  # every module reloaded from the same weights
     (reloaded,) = await pol.generate([req])
     assert reloaded.token_ids == inplace.token_ids and reloaded.logprobs == inplace.logprobs  # bit-identical
     # validation happens before anything is written
-    with pytest.raises(ConfigurationError, match="outside"):
-        pol.update_weights({NORM: (torch.tensor([10**6]), torch.tensor([1.0]))}, v + 3)
-    with pytest.raises(ConfigurationError, match="shape"):
-        pol.update_weights({NORM: torch.ones(3)}, v + 3)
-    with pytest.raises(WeightSyncError, match="not newer"):
+    with pytest.raises(WeightUpdateRejected, match="outside"):
+        pol.update_weights(WeightUpdate.delta({NORM: torch.tensor([10**6], dtype=torch.int32)},
+                                              {NORM: torch.ones(1, dtype=torch.bfloat16)}, {NORM: crc32(new[NORM])}), v + 3)
+    with pytest.raises(WeightUpdateRejected, match="shape"):
+        pol.update_weights(WeightUpdate.full({NORM: torch.ones(3)}), v + 3)
+    with pytest.raises(VersionNotNewer):
         pol.update_weights(delta, v + 2)
-    pol.update_weights(dict(base), v + 3)  # restore, as full tensors
+    pol.update_weights(WeightUpdate.full(base), v + 3)  # restore, as full tensors
     (restored,) = await pol.generate([req])
     assert restored.token_ids == before.token_ids
 
@@ -115,12 +122,15 @@ async def test_tied_lm_head_follows_an_embedding_delta(vllm_policy: Any, smollm2
     x = 40000  # a token that is neither in the prompt nor generated
     assert x not in before.token_ids
     name = "model.embed_tokens.weight"
-    idx = torch.arange(x * emb.shape[1], (x + 1) * emb.shape[1])
+    idx = torch.arange(x * emb.shape[1], (x + 1) * emb.shape[1], dtype=torch.int32)
+    row = (emb[before.token_ids[0]].float() * 8).to(emb.dtype)
+    moved = emb.clone()
+    moved[x] = row
     v = pol.weight_version
-    pol.update_weights({name: (idx, (emb[before.token_ids[0]].float() * 8).to(emb.dtype))}, v + 1)
+    pol.update_weights(WeightUpdate.delta({name: idx}, {name: row}, {name: crc32(emb)}), v + 1)
     (after,) = await pol.generate([req])
     assert after.token_ids[0] == x  # the head scores with the new row
-    pol.update_weights({name: (idx, emb[x].clone())}, v + 2)
+    pol.update_weights(WeightUpdate.delta({name: idx}, {name: emb[x].clone()}, {name: crc32(moved)}), v + 2)
     (restored,) = await pol.generate([req])
     assert restored.token_ids == before.token_ids
 
@@ -155,7 +165,7 @@ async def test_abort_drain_and_inflight_versions(vllm_policy: Any, smollm2_path:
     assert drained.token_ids == ref.token_ids and drained.weight_version == v
     (now,) = await pol.generate([long])
     assert now.weight_version == v + 1 and set(now.token_ids) <= sink
-    await pol.update_weights_async({NORM: norm}, v + 2)
+    await pol.update_weights_async(WeightUpdate.full({NORM: norm}), v + 2)
 
     # inflight: tokens before the swap are old, after it new; the boundary is exact
     task = asyncio.ensure_future(pol.generate([long]))
@@ -168,7 +178,7 @@ async def test_abort_drain_and_inflight_versions(vllm_policy: Any, smollm2_path:
     assert k >= 8 and versions == [v + 2] * k + [v + 3] * (len(versions) - k)
     assert mixed.token_ids[:k] == ref.token_ids[:k]  # old weights, unchanged
     assert set(mixed.token_ids[k:]) <= sink  # every token after the swap comes from the new weights
-    await pol.update_weights_async({NORM: norm}, v + 4)
+    await pol.update_weights_async(WeightUpdate.full({NORM: norm}), v + 4)
 
     # abort mode: the request returns early on the old version
     task = asyncio.ensure_future(pol.generate([long]))
@@ -177,7 +187,7 @@ async def test_abort_drain_and_inflight_versions(vllm_policy: Any, smollm2_path:
     (aborted,) = await task
     assert aborted.finish_reason == "abort" and aborted.weight_version == v + 4
     assert aborted.token_ids == ref.token_ids[: len(aborted.token_ids)]
-    await pol.update_weights_async({NORM: norm}, v + 6)
+    await pol.update_weights_async(WeightUpdate.full({NORM: norm}), v + 6)
     (back,) = await pol.generate([long])
     assert back.token_ids == ref.token_ids
 
@@ -205,7 +215,7 @@ async def test_update_mid_episode_is_resumed_with_per_token_versions(vllm_policy
     await _wait_tokens(pol, 6)
     await pol.update_weights_async(collapse, v + 1, mode="abort")
     trajs = await episodes
-    pol.update_weights({NORM: norm}, v + 2)
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 2)
     runtime.close()
     assert len(trajs) == 2 and all(t.turns for t in trajs)
     assert not any(t.metrics.get("error") or getattr(t, "error", None) for t in trajs)
@@ -223,10 +233,6 @@ async def test_update_mid_episode_is_resumed_with_per_token_versions(vllm_policy
 
 
 async def test_lora_adapter_served_then_dropped(vllm_policy: Any) -> None:
-    from agentgym.policies.weights import LoRAAdapter
-
-    from agentgym.dataflow.weightsync import WeightSync
-
     pol = vllm_policy
     req = _greedy("What is the capital of France?", 12)
     (before,) = await pol.generate([req])
@@ -238,10 +244,10 @@ async def test_lora_adapter_served_then_dropped(vllm_policy: Any) -> None:
             out, inp = shapes[f"model.layers.{layer}.{mod}.weight"]
             weights[f"model.layers.{layer}.{mod}"] = (torch.randn(8, inp, generator=g) * 0.1, torch.randn(out, 8, generator=g) * 0.1)
     adapter = LoRAAdapter(weights, rank=8, alpha=16)
-    sync = WeightSync(pol)
     v = pol.weight_version
-    report = sync.publish(adapter, v + 1)
-    assert report.kind == "lora" and report.bytes_sent == adapter.num_bytes()
+    pub = WeightPublisher().publish(adapter, v + 1)
+    assert pub.deliver(pol) == "ok" and pub.report is not None and pub.report.kind == "lora"
+    assert pub.report.bytes_sent == adapter.num_bytes()
     (lora,) = await pol.generate([req])
     assert lora.weight_version == v + 1 and pol.describe()["lora_adapter"] == f"{pol.policy_id}-v{v + 1}"
     # the adapter's merged weights give the same greedy tokens (bf16 rounding aside: compare logprobs loosely)
@@ -250,28 +256,77 @@ async def test_lora_adapter_served_then_dropped(vllm_policy: Any) -> None:
     pol.drop_lora(v + 2)
     (dropped,) = await pol.generate([req])
     assert dropped.token_ids == before.token_ids and lora.token_ids != before.token_ids
-    pol.update_weights(merged, v + 3)
+    pol.update_weights(WeightUpdate.full(merged), v + 3)
     (m,) = await pol.generate([req])
     n = next((i for i, (a, b) in enumerate(zip(m.token_ids, lora.token_ids, strict=False)) if a != b), len(m.token_ids))
     assert n >= 3 and abs(m.logprobs[0] - lora.logprobs[0]) < 0.1
-    pol.update_weights(base, v + 4)
+    pol.update_weights(WeightUpdate.full(base), v + 4)
 
 
-async def test_weightsync_to_vllm_policy_and_server(vllm_policy: Any, vllm_server: str, smollm2_path: str) -> None:
-    import base64
+async def test_worker_refuses_forged_replayed_and_malformed_payloads(vllm_policy: Any, smollm2_path: str) -> None:
+    """Issue 23, against the real worker extension (the code a `vllm serve` runs behind /collective_rpc): an
+    unsigned, forged or tampered payload, a replayed older version, a malformed delta (2-D values of the right
+    element count, beside a whole tensor the old code wrote first), a file outside the staging folder and
+    garbage are all refused as data; nothing is written, and the engine keeps serving."""
+    import json as _json
 
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    from agentgym.weights import encode, shared_key
+
+    pol = vllm_policy
+    key = shared_key()
+    assert key is not None  # VLLMPolicy made one for this process; its workers inherited it
+
+    def rpc(method: str, *args: Any) -> Any:
+        (r,) = pol._run(pol.engine.collective_rpc(method, args=args), timeout=600)
+        return r
+
+    with safe_open(f"{smollm2_path}/model.safetensors", framework="pt") as fh:
+        norm = fh.get_tensor(NORM)
+    req = _greedy("Name a colour.", 8)
+    v = pol.weight_version
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 1)
+    captured = encode(WeightUpdate.full({NORM: torch.zeros_like(norm)}), v + 1, key)  # what an eavesdropper kept
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 2)
+    assert rpc("agentgym_version") == v + 2
+    (before,) = await pol.generate([req])
+    crc_before = pol.weight_checksums()
+    zero = WeightUpdate.full({NORM: torch.zeros_like(norm)})
+    emb = "model.embed_tokens.weight"
+    malformed = WeightUpdate.delta({emb: torch.tensor([0, 1, 2, 3], dtype=torch.int32)},
+                                   {emb: torch.ones(2, 2, dtype=torch.bfloat16)}, {emb: crc_before[emb]},
+                                   {NORM: torch.zeros_like(norm)})
+    tampered = bytearray(encode(zero, v + 50, key))
+    tampered[-7] ^= 0x01
+    attacks = {
+        "unsigned": (save({f"t/{NORM}": torch.zeros_like(norm)},
+                          metadata={"agentgym": _json.dumps({"kind": "full", "version": v + 50})}), "UpdateNotAuthenticated"),
+        "forged": (encode(zero, v + 50, b"a guessed key"), "UpdateNotAuthenticated"),
+        "tampered": (bytes(tampered), "UpdateNotAuthenticated"),
+        "replayed": (captured, "VersionNotNewer"),
+        "malformed": (encode(malformed, v + 50, key), "WeightUpdateRejected"),
+        "file": ("file:/etc/passwd", "WeightUpdateRejected"),
+        "garbage": (12345, "WeightUpdateRejected"),
+    }
+    for what, (payload, kind) in attacks.items():
+        result = rpc("agentgym_update", payload)
+        assert result.get("type") == kind, (what, result)
+        assert pol.weight_checksums() == crc_before, what  # the master: nothing written
+    assert rpc("agentgym_version") == v + 2
+    (after,) = await pol.generate([req])  # the engine: up, and serving the same weights
+    assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+    with pytest.raises(WeightUpdateRejected, match="1-D"):  # the same malformed delta through VLLMPolicy
+        pol.update_weights(malformed, v + 3)
+    pol.update_weights(WeightUpdate.full({NORM: norm}), v + 3)  # a good update still applies
+    assert pol.weight_checksums([NORM]) == {NORM: crc32(norm)}
+
+
+async def test_publish_to_vllm_policy_and_server(vllm_policy: Any, vllm_server: str, smollm2_path: str) -> None:
     from agentgym.policies.openai import OpenAIPolicy
+    from agentgym.policies.vllm_server import VLLMServerTarget
     from safetensors.torch import load_file
-
-    from agentgym.dataflow.weightsync import (
-        LinkShim,
-        VLLMServerTarget,
-        WeightSync,
-        _payload_crc,
-        crc32_of,
-        encode_payload,
-        sparse_diff,
-    )
 
     base = load_file(f"{smollm2_path}/model.safetensors")
     # a training step that moved ~1% of the elements of a few tensors (the embedding, so the tied head too)
@@ -284,38 +339,39 @@ async def test_weightsync_to_vllm_policy_and_server(vllm_policy: Any, vllm_serve
         i = torch.randint(0, t.numel(), (max(1, t.numel() // 100),), generator=g)
         t.view(-1)[i] = (t.view(-1)[i].float() + 0.02).to(t.dtype)
         step[name] = t
-    expected = {k: crc32_of(t) for k, t in step.items()}
+    expected = {k: crc32(t) for k, t in step.items()}
     req = GenRequest(prompt_token_ids=[1, 504, 3458, 282, 4649, 314, 2], sampling=SamplingParams(temperature=0.0, max_tokens=8))
 
     # the OpenAI-compatible server, which loaded the same checkpoint: the first publish is a delta
     client = OpenAIPolicy(vllm_server, "smollm2", timeout_s=120)
-    target = VLLMServerTarget(vllm_server, policy=client)
-    sync = WeightSync(target, link=LinkShim(rtt_s=0.01))
-    served = target.version()  # None on a fresh server ("default")
+    target = VLLMServerTarget(vllm_server, policy=client)  # signs with this process's key, which the server has
+    served = target.weight_version  # None on a fresh server
     v0 = served or 0
-    sync.assume_served(base, served)
+    pub = WeightPublisher()
+    pub.assume(base, served)
     (s_before,) = await client.generate([req])
-    r1 = sync.publish(step, v0 + 1)
-    assert r1.kind == "delta" and r1.reason == "" and r1.bytes_sent * 100 < r1.bytes_full and r1.link_s >= 0.01
-    assert target.version() == v0 + 1 and client.weight_version == v0 + 1
-    assert target.checksums(list(step)) == expected
+    p1 = pub.publish(step, v0 + 1)
+    assert p1.report is not None and p1.update.kind == "delta" and p1.report.bytes_sent * 100 < p1.report.bytes_full
+    assert p1.deliver(target) == "ok"
+    assert target.weight_version == v0 + 1 and client.weight_version == v0 + 1
+    assert target.weight_checksums(list(step)) == expected
     (s_after,) = await client.generate([req])
     assert s_after.weight_version == v0 + 1
-    # a server whose weights moved behind the sync's back refuses a delta (and stays up) ...
-    target._rpc("agentgym_update", "b64:" + base64.b64encode(encode_payload({NORM: base[NORM] * 2}, {}, {})).decode())
+    # someone else with the key moved the server's weights: a delta against the old base is refused (and the
+    # server stays up); sent in two chunks, the refusal at commit writes neither
+    target.update_weights(WeightUpdate.full({NORM: base[NORM] * 2}), v0 + 2)
     emb = "model.embed_tokens.weight"
-    back = {n: sparse_diff(step[n], base[n]) for n in (emb, NORM)}
-    update = {"indices": {n: i for n, (i, _) in back.items()}, "values": {n: v for n, (_, v) in back.items()},
-              "checks": {"base": {n: crc32_of(step[n]) for n in back}, "payload": {n: _payload_crc(*back[n]) for n in back}}}
-    target.chunk_bytes = 1 << 20  # two chunks, staged: the refusal at commit writes neither
-    with pytest.raises(WeightSyncError, match="checksum mismatch"):
-        target.apply(update, v0 + 2, 0)
+    stale = _delta({n: step[n] for n in (emb, NORM)}, {n: base[n] for n in (emb, NORM)})
+    target.chunk_bytes = 1 << 20
+    with pytest.raises(ChecksumMismatch):
+        target.update_weights(stale, v0 + 3)
+    assert target.weight_checksums([emb]) == {emb: expected[emb]}
+    assert target.weight_version == v0 + 2
     target.chunk_bytes = 32 << 20
-    assert target.checksums([emb]) == {emb: expected[emb]} and target.version() == v0 + 1
-    # ... and the sync resends the whole state, in chunks
-    r2 = sync.publish(base, v0 + 2)
-    assert r2.kind == "full" and r2.reason == "checksum_mismatch" and target.version() == v0 + 2
-    assert target.checksums(list(base)) == {k: crc32_of(t) for k, t in base.items()}
+    # ... and the publisher's next version goes whole (the server is not at its delta's base), in chunks
+    p2 = pub.publish(base, v0 + 3)
+    assert p2.update.kind == "delta" and p2.deliver(target) == "version_gap" and target.weight_version == v0 + 3
+    assert target.weight_checksums(list(base)) == {k: crc32(t) for k, t in base.items()}
     (s_restored,) = await client.generate([req])
     assert s_restored.token_ids == s_before.token_ids
     await client.aclose()
@@ -323,12 +379,14 @@ async def test_weightsync_to_vllm_policy_and_server(vllm_policy: Any, vllm_serve
 
     # the in-process engine: the same delta, the same outputs as the server
     pol = vllm_policy
-    psync = WeightSync(pol)
+    ppub = WeightPublisher()
     v = pol.weight_version
-    psync.assume_served(base, v)
-    rd = psync.publish(step, v + 1)
-    assert rd.kind == "delta" and pol.weight_checksums(moved) == {n: expected[n] for n in moved}
+    ppub.assume(base, v)
+    pd = ppub.publish(step, v + 1)
+    assert pd.update.kind == "delta" and pd.deliver(pol) == "ok"
+    assert pol.weight_checksums(moved) == {n: expected[n] for n in moved}
     (p_after,) = await pol.generate([req])
     assert p_after.token_ids == s_after.token_ids
-    assert psync.publish(base, v + 2).kind == "delta"
-    assert pol.weight_checksums(moved) == {n: crc32_of(base[n]) for n in moved}
+    back = ppub.publish(base, v + 2)
+    assert back.update.kind == "delta" and back.deliver(pol) == "ok"
+    assert pol.weight_checksums(moved) == {n: crc32(base[n]) for n in moved}

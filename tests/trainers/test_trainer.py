@@ -11,10 +11,11 @@ from agentgym.trainers.batching import TrainSample
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentgym.trainers.config import LossConfig, OptimConfig
 from agentgym.trainers.model import add_lora, load_causal_lm
-from agentgym.trainers.publish import WeightPublisher, trainable_state
+from agentgym.trainers.publish import trainable_state
 from agentgym.trainers.trainer import PolicyTrainer
 
-from agentgym.errors import TrainingDiverged, WeightSyncError
+from agentgym.errors import TrainingDiverged, VersionNotNewer
+from agentgym.weights import WeightPublisher
 
 
 def _samples(tok: Any, pid: str = "policy", n: int = 4) -> list[TrainSample]:
@@ -85,19 +86,23 @@ def test_full_publish_full_then_delta(tiny_model: str, tiny_tokenizer: Any) -> N
     model = load_causal_lm(tiny_model)
     pol = HFPolicy(tiny_model, dtype="bfloat16")
     tr = PolicyTrainer("policy", model, optim=OptimConfig(lr=1e-5))  # a small step, as in LLM fine-tuning
-    pub = WeightPublisher(model, None, dtype=torch.bfloat16, mode="auto")
-    first = pub.publish([pol], 1)
+    pub = WeightPublisher("bfloat16")
+    p1 = pub.publish(trainable_state(model), 1)
+    assert p1.deliver(pol) == "ok"
+    first = p1.report.to_dict()  # type: ignore[union-attr]
     assert first["kind"] == "full" and first["bytes"] == first["full_bytes"]
     tr.train_on(_samples(tiny_tokenizer))
-    second = pub.publish([pol], 2)
+    p2 = pub.publish(trainable_state(model), 2)
+    assert p2.deliver(pol) == "ok"
+    second = p2.report.to_dict()  # type: ignore[union-attr]
     # one small step changes few bf16 elements: the sparse delta is sent, and it is smaller
     assert second["kind"] == "delta" and 0 < second["bytes"] < second["full_bytes"]
     assert second["changed_elements"] < second["total_elements"]
     served = pol.model.state_dict()
     for name, t in trainable_state(model).items():
         assert torch.equal(served[name], t.to(torch.bfloat16)), name
-    with pytest.raises(WeightSyncError):
-        pub.publish([pol], 2)  # versions strictly increase
+    with pytest.raises(VersionNotNewer):
+        pub.publish(trainable_state(model), 2)  # versions strictly increase
 
 
 def test_lora_publishes_merged_adapted_modules_only(tiny_model: str, tiny_tokenizer: Any) -> None:
@@ -108,9 +113,9 @@ def test_lora_publishes_merged_adapted_modules_only(tiny_model: str, tiny_tokeni
     assert all("lora_" in n for n, _ in tr.params)
     tr.train_on(_samples(tiny_tokenizer))
     pol = HFPolicy(tiny_model, dtype="float32")
-    pub = WeightPublisher(model, "policy", dtype=torch.float32, mode="full")
-    info = pub.publish([pol], 1)
-    assert info["tensors"] == 4  # q_proj and v_proj of 2 layers
+    p = WeightPublisher("float32").publish(trainable_state(model, "policy"), 1)
+    assert p.deliver(pol) == "ok"
+    assert p.report is not None and len(p.report.tensors) == 4  # q_proj and v_proj of 2 layers
     merged = trainable_state(model, "policy")
     assert set(merged) == {f"model.layers.{i}.self_attn.{m}.weight" for i in (0, 1) for m in ("q_proj", "v_proj")}
     served = pol.model.state_dict()
