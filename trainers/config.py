@@ -282,11 +282,20 @@ class EvalConfig(_Section):
 
 
 class LogConfig(_Section):
-    """Run logs. ``groups``: write ``groups.jsonl``, one compact line per finished rollout group (kept or
-    filtered: actions, tool calls, per-turn tokens, rewards, gate records; embedded runtime only)."""
+    """Run logs.
+
+    Attributes:
+        progress: Print progress on stderr: a line per step (what was trained, or that nothing was and
+            why), and while a step's rollouts run, a line every ``progress_every_s`` seconds (groups and
+            episodes finished, kept and filtered with the reason, success rate, tokens/s); a rich progress
+            bar on a terminal. A step that made no update is reported even with ``progress = false``.
+        groups: Write ``groups.jsonl``, one compact line per finished rollout group (kept or filtered:
+            actions, tool calls, per-turn tokens, rewards, gate records; embedded runtime only).
+    """
 
     tensorboard: bool = False
     progress: bool = True
+    progress_every_s: float = Field(default=10.0, ge=0)
     plot: bool = True
     log_every: int = Field(default=1, ge=1)
     groups: bool = False

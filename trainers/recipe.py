@@ -54,7 +54,15 @@ from .batching import TrainSample, samples_from_groups
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .memory import memory_metrics
-from .metrics import GroupLog, MetricsLogger, flow_counters, plot_curves
+from .metrics import (
+    GroupLog,
+    MetricsLogger,
+    RolloutProgress,
+    eval_line,
+    flow_counters,
+    plot_curves,
+    step_line,
+)
 from .model import add_lora, load_causal_lm
 from .publish import WeightPublisher
 from .rollout_setup import make_env, make_rollout_policy, make_workflow, policy_paths, service_workflows
@@ -400,13 +408,13 @@ class Recipe:
         t_run = time.monotonic()
         if cfg.eval.before and self.step == 0 and "before" not in self.result:
             self.result["before"] = await self._evaluate("before")
-            self.logger.log(0, {"eval": {"success": self.result["before"]["success"]}})
+            self.logger.log(0, {"eval": self._eval_metrics(self.result["before"])})
         while self.step < self.total_steps and not self.stop_requested:
             rec = await (self._sft_step() if cfg.run.algorithm == "sft" else self._rl_step())
             self.step += 1
             if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < self.total_steps:
                 ev = await self._evaluate(f"step-{self.step:06d}")
-                rec["eval"] = {"success": ev["success"]}
+                rec["eval"] = self._eval_metrics(ev)
             rec["elapsed_s"] = time.monotonic() - t_run
             rec["mem"] = memory_metrics()
             flat = self.logger.log(self.step - 1, rec) if (self.step - 1) % cfg.log.log_every == 0 else rec
@@ -427,7 +435,7 @@ class Recipe:
             return self.result
         if cfg.eval.after:
             self.result["after"] = await self._evaluate("after")
-            self.logger.log(self.total_steps, {"eval": {"success": self.result["after"]["success"]}})
+            self.logger.log(self.total_steps, {"eval": self._eval_metrics(self.result["after"])})
         self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
         self.result["steps"] = self.step
         self.result["lr_schedule"] = {pid: {"horizon": tr.horizon, "spent": tr.schedule_pos, "optimizer_steps": tr.steps}
@@ -441,9 +449,16 @@ class Recipe:
         return self.result
 
     async def _rl_step(self) -> dict[str, Any]:
-        assert self._runtime is not None
+        assert self._runtime is not None and self.logger is not None
+        runtime = self._runtime
         t0 = time.monotonic()
-        batches = {pid: await self._runtime.get_batch(pid) for pid in self.trainers}
+
+        async def pull() -> dict[str, Any]:
+            return {pid: await runtime.get_batch(pid) for pid in self.trainers}
+
+        log_cfg = self.cfg.log
+        progress = RolloutProgress(runtime.stats, self.logger.note, log_cfg.progress_every_s if log_cfg.progress else 0)
+        batches, delta = await progress.watch(f"step {self.step + 1}/{self.total_steps}", pull())
         t1 = time.monotonic()
         rec: dict[str, Any] = {}
         pids = self.trained_at(self.step)
@@ -464,9 +479,12 @@ class Recipe:
         else:
             rec.update(per)
         rec["filter"] = {"dropped_groups": sum(b.filtered for b in batches.values())}
+        rec["rollout_all"] = delta.to_metrics()  # every group finished during the step, kept or filtered
         rec["flow"] = flow_counters(await self._runtime.stats())
         rec["version"] = self.version
         rec["time"] = {"rollout_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2, "step_s": t3 - t0}
+        if log_cfg.progress or len(updated) < len(per):  # a step without an update is always reported
+            self.logger.note(step_line(self.step + 1, self.total_steps, per if len(per) > 1 else rec, delta))
         return rec
 
     async def _train_policy(self, pid: str, batch: Any, in_thread: bool) -> dict[str, Any]:
@@ -488,12 +506,11 @@ class Recipe:
                                                                  if batch.replay_weights else None),
                                           "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
         if not samples:
-            assert self.logger is not None
-            self.logger.note(f"step {self.step}: every group was filtered for {pid} "
-                             f"({batch.filtered} dropped by dynamic sampling; of {stats.groups} kept: "
-                             f"{stats.zero_variance_groups} zero-variance, {stats.early_stopped_groups} "
-                             f"early-stopped, {stats.error_episodes} lost episodes); no optimizer step")
-            m["train"] = {**tr.train_on([]), "skipped": "all groups filtered"}  # spends its share of the schedule
+            why = (f"every group was filtered: {batch.filtered} dropped by the dataflow filters; of the "
+                   f"{stats.groups} in the batch, {stats.zero_variance_groups} zero-variance, "
+                   f"{stats.early_stopped_groups} early-stopped, {stats.error_episodes} lost episodes")
+            m["train"] = {**tr.train_on([]), "skipped": "all groups filtered", "skip_reason": why}  # spends its share
+            # of the learning-rate schedule
         elif in_thread:
             m["train"] = await asyncio.to_thread(tr.train_on, samples)
         else:
@@ -510,7 +527,11 @@ class Recipe:
         batch = [self._sft[int(i)] for i in order[k * bs:(k + 1) * bs]]
         t0 = time.monotonic()
         m = self.trainers[self._pids[0]].train_on(batch)
-        return {"train": m, "epoch": epoch, "time": {"train_s": time.monotonic() - t0}}
+        rec = {"train": m, "epoch": epoch, "time": {"train_s": time.monotonic() - t0}}
+        assert self.logger is not None
+        if cfg.log.progress or not m.get("optimizer_steps"):
+            self.logger.note(step_line(self.step + 1, self.total_steps, rec))
+        return rec
 
     # ================================================================== weights, eval, checkpoints
     async def _publish(self, version: int) -> dict[str, Any]:
@@ -550,12 +571,23 @@ class Recipe:
         t0 = time.monotonic()
         summary = await arun_eval(policy, ec, self.out / "eval" / stage)
         ov = summary.get("overall", {})
-        res = {"success": ov.get("success", {}).get("mean"), "success_ci95": ov.get("success", {}).get("ci95"),
+        succ = ov.get("success", {})
+        ci, wilson = succ.get("ci95"), succ.get("wilson95")
+        if ci is not None and ci[1] > ci[0]:
+            interval, kind = [max(0.0, ci[0]), min(1.0, ci[1])], f"95% over {len(e.seeds)} seeds"
+        else:  # one seed, or every seed tied: a binomial interval over the episodes
+            interval, kind = wilson, "Wilson 95% over episodes"
+        res = {"success": succ.get("mean"), "success_ci95": ci, "success_interval": interval, "interval_kind": kind,
                "episodes": ov.get("episodes"), "reward": ov.get("reward", {}).get("mean"),
                "split": e.split, "seeds": list(e.seeds), "wall_s": time.monotonic() - t0, "version": self.version}
         assert self.logger is not None
-        self.logger.note(f"eval {stage}: success {res['success']} over {res['episodes']} episodes ({e.split})")
+        self.logger.note(eval_line(stage, res))
         return res
+
+    @staticmethod
+    def _eval_metrics(res: dict[str, Any]) -> dict[str, Any]:
+        iv = res.get("success_interval") or [None, None]
+        return {"success": res["success"], "success_lo": iv[0], "success_hi": iv[1], "episodes": res.get("episodes")}
 
     async def _checkpoint(self) -> None:
         flow = await self._runtime.state_dict() if self._runtime is not None else None
@@ -599,9 +631,9 @@ class Recipe:
                 shutdown()
         self.rollout_policies = {}
         if self.cfg.log.plot and (self.out / "metrics.jsonl").is_file():
-            png = plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
-            if png is not None:
-                self.result["curves_png"] = str(png)
+            drawn = plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+            if drawn is not None:
+                self.result["curves_png"] = str(drawn[0])
         if self.result:
             (self.out / "result.json").write_text(json.dumps(self.result, indent=2, default=str))
 
