@@ -267,6 +267,10 @@ class EvalConfig(_Section):
             to measure the spread.
         sampling_seeds: Derive a sampling seed per (seed, task, turn) so a rerun reproduces the eval
             (vLLM honours per-request seeds; HFPolicy draws seeded rows from their own generators).
+        share_rollout_engine: RL only, embedded runtime: evaluate on rollout service 0's policies (one
+            engine less, e.g. one vLLM engine on a small machine) instead of eval policies of their own.
+            The held-out episodes then share that engine with live training rollouts (the weights are the
+            same version; timings and batching are not). Default: separate eval policies.
     """
 
     split: str = "test"
@@ -279,6 +283,7 @@ class EvalConfig(_Section):
     before: bool = True
     after: bool = True
     every: int = Field(default=0, ge=0)
+    share_rollout_engine: bool = False
 
 
 class LogConfig(_Section):
@@ -328,8 +333,8 @@ class DataflowSection(_Section):
         runtime: ``"embedded"`` (one process, asyncio) or ``"ray"`` (DataFlow and services as Ray actors).
         max_staleness: Most weight versions a trained token may lag (0: synchronous; roll out a batch,
             train, publish, repeat).
-        services: Rollout services (each hosts its own rollout policies; the first one's, in the
-            embedded runtime, are also the eval policies).
+        services: Rollout services (each hosts its own rollout policies; ``eval.share_rollout_engine``
+            lends service 0's to the held-out evaluation).
         service_capacity: Groups in flight per service (default: ``rollout.groups_per_step``).
         replay_ratio: Share of each batch replayed from already-trained groups.
         replay_fill: POPO: every group dynamic sampling filtered is replaced by a replayed informative
@@ -438,6 +443,9 @@ class TrainConfig(_Section):
                             "group; the pilot runs it in two pieces); switch one off")
         if self.multi.workflow != "none" and (self.pilot.mode != "off" or self.gate.mode != "off"):
             problems.append("gate.mode / pilot.mode: the gate and the pilot run on the one-policy workflow only")
+        if self.eval.share_rollout_engine and (self.run.algorithm != "grpo" or self.dataflow.runtime != "embedded"):
+            problems.append("eval.share_rollout_engine: only an RL run on the embedded runtime has a rollout engine "
+                            "in this process to share")
         if self.dataflow.replay_fill and not self.filter.dynamic_sampling:
             problems.append("dataflow.replay_fill replaces groups dynamic sampling filtered: set "
                             "filter.dynamic_sampling = true")

@@ -10,9 +10,9 @@ from agentgym.errors import ConfigurationError, DependencyNotInstalled
 
 from .batching import MicroBatch
 
-__all__ = ["adapter_parameters", "add_lora", "load_causal_lm", "token_logprobs"]
+__all__ = ["DTYPES", "adapter_parameters", "add_lora", "load_causal_lm", "token_logprobs"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu", gradient_checkpointing: bool = False) -> Any:
@@ -25,7 +25,7 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu", gradi
 
     resolved = resolve_model(path)
     try:
-        model: Any = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=_DTYPES[dtype])
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype])
     except OSError as e:
         raise ConfigurationError(f"cannot load model {path!r} from {resolved}: {e}") from e
     model = model.to(device)

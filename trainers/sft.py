@@ -19,15 +19,16 @@ the expert does *after* a mistake, which a perfect expert's transcripts never sh
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from agentgym.errors import TrainingDataError
+from agentgym.errors import ConfigurationError, TrainingDataError
 from agentgym.rollout.collect import label_of, relabelled_states, same_action
 from agentgym.types import Message, Trajectory
 
 from .batching import TrainSample
 
-__all__ = ["sft_samples", "transcript_samples"]
+__all__ = ["load_transcripts", "sft_samples", "transcript_samples"]
 
 
 class _Renderer:
@@ -123,3 +124,20 @@ def sft_samples(trajectories: Iterable[Trajectory], tokenizer: Any, policy_id: s
     counts["samples"] = len(out)
     counts["trained_tokens"] = sum(s.num_masked for s in out)
     return out, counts
+
+
+def load_transcripts(paths: Sequence[str]) -> list[Trajectory]:
+    """Trajectories from JSONL files (or folders holding ``trajectories.jsonl``), for ``[data] paths``."""
+    from agentgym.rollout.jsonl import iter_jsonl
+
+    out: list[Trajectory] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            path = path / "trajectories.jsonl"
+        if not path.is_file():
+            raise ConfigurationError(f"data.paths: {p} does not exist (write it with agentgym collect --out {p})")
+        out += list(iter_jsonl(path))
+    if not out:
+        raise ConfigurationError(f"data.paths {list(paths)} hold no trajectories")
+    return out

@@ -1,7 +1,7 @@
 """``agentgym train`` and ``agentgym collect``.
 
-``agentgym train --config configs/train/X.toml [--set optim.lr=1e-5 ...]`` runs the recipe in
-:mod:`agentgym.trainers.recipe` (GRPO family or SFT); Ctrl-C finishes the current step and leaves a
+``agentgym train --config configs/train/X.toml [--set optim.lr=1e-5 ...]`` runs the config's recipe
+(:mod:`agentgym.recipes`: SFT, or RL for the GRPO family); Ctrl-C finishes the current step and leaves a
 resumable checkpoint (rerun the same command to continue). ``--check`` only validates the config.
 
 ``agentgym collect --env E --policy expert --out FILE`` writes transcripts for imitation through the
@@ -48,7 +48,7 @@ def train_cmd(
     if check:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         return
-    from agentgym.trainers.recipe import run_training
+    from agentgym.recipes import run_training
 
     try:
         result = run_training(cfg)

@@ -57,8 +57,8 @@ def protocol_demos(out: Path) -> Path:
 def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny model after a short SFT on the gullible demonstrator's transcripts: it answers with what
     a tool returned, but mostly asks the wrong tool (held-out success near chance)."""
+    from agentgym.recipes import run_training
     from agentgym.trainers.config import validate_config
-    from agentgym.trainers.recipe import run_training
 
     root = tmp_path_factory.mktemp("tiny-sft")
     demos = protocol_demos(root / "demos.jsonl")

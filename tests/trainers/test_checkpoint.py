@@ -70,7 +70,7 @@ def test_a_planted_pickle_is_refused_not_run(planted: str, tiny_model: str, tiny
 
 def test_resume_refuses_a_planted_checkpoint(tiny_model: str, tmp_path: Path) -> None:
     """The default path: ``agentgym train`` rerun on a folder whose newest checkpoint was tampered with."""
-    from agentgym.trainers.recipe import run_training
+    from agentgym.recipes import run_training
     from conftest import protocol_demos
 
     demos = protocol_demos(tmp_path / "demos.jsonl")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -111,33 +110,32 @@ class _Spy:
                 return real(samples)  # type: ignore[no-any-return]
 
             tr.train_on = train_on
-        real_batch = r._runtime.get_batch
+        real_batch = r.runtime.get_batch
 
         async def get_batch(pid: str, *a: Any, **kw: Any) -> Any:
             b = await real_batch(pid, *a, **kw)
             self.trajectories += [t for g in b.all_groups for t in g]
             return b
 
-        r._runtime.get_batch = get_batch
+        r.runtime.get_batch = get_batch
 
 
 def test_solver_verifier_recipe_trains_both(tiny_sft_model: str, tmp_path: Path) -> None:
     """The whole path: rollouts of two HF policies on one workflow, per-policy samples and rewards,
     two adapters over one base. Both adapters move, each only from its own generated tokens; the
     shared base stays frozen; both are published with the same, advancing version."""
-    from agentgym.trainers.recipe import Recipe
+    from agentgym.recipes.rl import RLRecipe
 
     cfg = _multi_cfg(tiny_sft_model, tmp_path / "run")  # the SFT model succeeds sometimes: both policies get signal
     steps: list[dict[str, Any]] = []
-    r = Recipe(cfg, on_step=steps.append)
+    r = RLRecipe(cfg, on_step=steps.append)
     try:
         r.setup()
         model = r.trainers["solver"].model
         base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
         before = {pid: _lora(r, pid) for pid in r.trainers}
         spy = _Spy(r)
-        asyncio.run(r._train())
-        assert r.rollout_policies["solver"].weight_version == r.rollout_policies["verifier"].weight_version == r.version
+        r.train()
         after = {pid: _lora(r, pid) for pid in r.trainers}
         assert _equal({n: p.detach() for n, p in model.named_parameters() if "lora_" not in n}, base)
     finally:
@@ -150,7 +148,14 @@ def test_solver_verifier_recipe_trains_both(tiny_sft_model: str, tmp_path: Path)
         assert r.trainers[pid].steps >= 1, pid
         assert sum(rec[f"{pid}/train/optimizer_steps"] for rec in steps) == r.trainers[pid].steps
         assert not _equal(after[pid], before[pid]), f"{pid}'s adapter did not change"
-    assert [rec["version"] for rec in steps] == [1, 2] and r.version == 2
+    # a version per step that updated anything, and both policies' weights reached the rollout service with it
+    updated = [any(rec[f"{pid}/train/optimizer_steps"] for pid in ("solver", "verifier")) for rec in steps]
+    assert [rec["version"] for rec in steps] == [sum(updated[: k + 1]) for k in range(len(steps))]
+    assert r.version == sum(updated) >= 1
+    for rec, up in zip(steps, updated, strict=True):
+        if up:
+            assert rec["publish/solver/services/rollout-0"] == rec["publish/verifier/services/rollout-0"] == "ok"
+            assert rec["publish/solver/version"] == rec["publish/verifier/version"] == rec["version"]
     # each only on its own tokens: what a trainer was handed is its policy's samples, and the tokens it
     # trained are exactly its own completions in some episode, never the other policy's
     own = {pid: {tuple(tok for tu in t.turns if tu.policy_id == pid for tok in tu.completion_token_ids)
@@ -170,37 +175,41 @@ def test_solver_verifier_recipe_trains_both(tiny_sft_model: str, tmp_path: Path)
 def test_alternating_schedule_trains_one_policy_per_step(tiny_sft_model: str, tmp_path: Path, shared: bool) -> None:
     """The alternating baseline: step k trains only policy k mod 2, and the policy a step leaves out keeps
     its weights exactly; concurrent separate models train in threads."""
-    from agentgym.trainers.recipe import Recipe
+    from agentgym.recipes.rl import RLRecipe
 
     cfg = _multi_cfg(tiny_sft_model, tmp_path / "run", shared=shared, schedule="alternating")
+    cfg.run.steps = 4  # each policy gets two steps: a step whose groups all tied trains nothing (checked too)
     steps: list[dict[str, Any]] = []
     weights: list[dict[str, dict[str, torch.Tensor]]] = []
-    r = Recipe(cfg, on_step=lambda rec: (steps.append(rec), weights.append({p: _lora(r, p) for p in r.trainers})))
+    r = RLRecipe(cfg, on_step=lambda rec: (steps.append(rec), weights.append({p: _lora(r, p) for p in r.trainers})))
     try:
         r.setup()
         weights.append({p: _lora(r, p) for p in r.trainers})
-        asyncio.run(r._train())
+        r.train()
     finally:
         r.cleanup()
     assert [("solver/train/optimizer_steps" in s, "verifier/train/optimizer_steps" in s) for s in steps] == [
-        (True, False), (False, True)]
-    for k, (pid, idle) in enumerate((("solver", "verifier"), ("verifier", "solver"))):
-        assert steps[k][f"{pid}/train/optimizer_steps"] == 1, steps[k]
-        assert not _equal(weights[k + 1][pid], weights[k][pid])  # the trained one moved ...
-        assert _equal(weights[k + 1][idle], weights[k][idle])  # ... the other kept its weights
-    assert r.trainers["solver"].steps == r.trainers["verifier"].steps == 1
-    assert [s["version"] for s in steps] == [1, 2]
+        (True, False), (False, True)] * 2
+    for k, rec in enumerate(steps):
+        pid, idle = ("solver", "verifier") if k % 2 == 0 else ("verifier", "solver")
+        assert _equal(weights[k + 1][idle], weights[k][idle])  # the policy the step left out kept its weights
+        moved = not _equal(weights[k + 1][pid], weights[k][pid])
+        assert moved == (rec[f"{pid}/train/optimizer_steps"] == 1), rec  # the trained one moved iff it updated
+    for pid in ("solver", "verifier"):
+        assert r.trainers[pid].steps >= 1, f"{pid} never had a group with signal: change the seed"
+    assert r.version == r.trainers["solver"].steps + r.trainers["verifier"].steps
 
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_multi_config_builds(tiny_model: str, tmp_path: Path, shared: bool) -> None:
-    from agentgym.trainers.recipe import Recipe
+    from agentgym.trainers.run import policy_paths
+    from agentgym.trainers.trainer import build_trainers
 
     cfg = validate_config({"run": {"out_dir": str(tmp_path)}, "model": {"path": tiny_model, "finetune": "lora"},
                            "multi": {"workflow": "solver_verifier", "shared_base": shared},
                            "eval": {"before": False, "after": False}})
-    r = Recipe(cfg)
-    r._build_trainers()
-    a, b = r.trainers["solver"], r.trainers["verifier"]
+    trainers = build_trainers(cfg.model, policy_paths(cfg.model, cfg.multi), algorithm="grpo", optim=cfg.optim,
+                              loss=cfg.loss, batches={"solver": 1, "verifier": 1}, shared_base=cfg.multi.shared_base)
+    a, b = trainers["solver"], trainers["verifier"]
     assert (a.model is b.model) == shared
     assert a.optimizer is not b.optimizer
