@@ -112,6 +112,7 @@ class SFTRecipe:
         cfg, logger = self.cfg, self.logger
         assert logger is not None
         t_run = time.monotonic()
+        self.stop.start()
         if cfg.eval.before and self.step == 0 and "before" not in self.result:
             self.result["before"] = await self.evaluate("before")
             logger.log(0, {"eval": eval_metrics(self.result["before"])})

@@ -228,6 +228,12 @@ class OptimConfig(_Section):
             under it, so padding is only to the longest sequence of each micro-batch.
         max_bad_steps: Consecutive non-finite losses/gradients tolerated (each skipped) before the
             run stops.
+        pack_sequences: Pack several samples end to end into rows of ``pack_len`` tokens with a
+            block-diagonal causal attention (per-sample position ids), instead of one padded sample per
+            row; same loss and gradients, less padding (see ``trainers/batching.py`` and the figure in
+            ``benchmarks/results/packing.json``).
+        pack_len: Row width when packing (a longer sample gets a row of its own). Attention over a
+            packed row costs ``pack_len**2`` whatever the samples in it, so keep it a few samples long.
     """
 
     lr: float = Field(default=1e-5, ge=0)
@@ -239,6 +245,8 @@ class OptimConfig(_Section):
     grad_clip: float | None = Field(default=1.0, gt=0)
     token_budget: int = Field(default=4096, ge=16)
     max_bad_steps: int = Field(default=3, ge=1)
+    pack_sequences: bool = False
+    pack_len: int = Field(default=1024, ge=16)
 
 
 class DataConfig(_Section):

@@ -76,7 +76,7 @@ def token_logprobs(model: Any, mb: MicroBatch, *, entropy: bool = False,
         keep = torch.arange(w - 1, device=mb.input_ids.device)
     # the LM head (and the fp32 log-softmax over the vocabulary) runs only where a target is trained:
     # prompt and tool tokens never pay for it
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep)
+    out = model(**mb.model_inputs(), use_cache=False, logits_to_keep=keep)
     logits = out.logits.float()  # [B, K, V]
     targets = mb.input_ids[:, keep + 1].unsqueeze(-1)  # [B, K, 1]
     kept = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, K]

@@ -180,6 +180,10 @@ class StopControl:
         self.requested = False
         self.t0 = time.monotonic()
 
+    def start(self) -> None:
+        """The budget counts from here (the start of the training loop, not of setup)."""
+        self.t0 = time.monotonic()
+
     def over_budget(self) -> bool:
         return self.budget_s is not None and time.monotonic() - self.t0 > self.budget_s
 

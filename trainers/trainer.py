@@ -39,7 +39,7 @@ import torch
 
 from agentgym.errors import ConfigurationError, TrainingDiverged
 
-from .batching import MicroBatch, TrainSample, collate, pack_micro_batches
+from .batching import MicroBatch, TrainSample, collate, collate_packed, pack_micro_batches, pack_rows
 from .config import LossConfig, ModelConfig, OptimConfig
 from .losses import aggregation_weights, policy_loss, sft_loss
 from .memory import release_free_memory
@@ -148,7 +148,12 @@ class PolicyTrainer:
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch]:
         agg = "token-mean" if self.algorithm == "sft" else self.loss_cfg.aggregation
         weights = aggregation_weights([s.num_masked for s in samples], agg, self.loss_cfg.norm_len)
-        groups = pack_micro_batches([len(s) for s in samples], self.optim_cfg.token_budget)
+        o = self.optim_cfg
+        if o.pack_sequences:  # several samples per row, block-diagonal attention (see trainers/batching.py)
+            rows = pack_rows([len(s) for s in samples], o.pack_len)
+            groups = pack_micro_batches([sum(len(samples[i]) for i in row) for row in rows], o.token_budget)
+            return [collate_packed(samples, [rows[g] for g in grp], weights).to(self.device) for grp in groups]
+        groups = pack_micro_batches([len(s) for s in samples], o.token_budget)
         return [collate(samples, idx, weights).to(self.device) for idx in groups]
 
     @torch.no_grad()
