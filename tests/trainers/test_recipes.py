@@ -27,7 +27,9 @@ def _cfg(model: str, out: Path, **eval_: Any) -> Any:
         "model": {"path": model},
         "rollout": {"env": "agentgym/TinyLookup-v0", "group_size": 4, "groups_per_step": 2, "max_tokens": 6,
                     "max_turns": 2, "sampling_seeds": True},
-        "filter": {"dynamic_sampling": False},
+        # zero-variance groups are replaced (up to 4 more rounds), so a step of this nearly greedy model still
+        # trains: the assertions below need an update to have happened
+        "filter": {"dynamic_sampling": True, "max_refill_rounds": 4},
         "optim": {"lr": 1e-2},
         "eval": {"split": "test", "tasks": 2, "before": False, "after": True, **eval_},
         "log": {"progress": False, "plot": False},
