@@ -230,8 +230,8 @@ class OptimConfig(_Section):
             run stops.
         pack_sequences: Pack several samples end to end into rows of ``pack_len`` tokens with a
             block-diagonal causal attention (per-sample position ids), instead of one padded sample per
-            row; same loss and gradients, less padding (see ``trainers/batching.py`` and the figure in
-            ``benchmarks/results/packing.json``).
+            row; same loss and gradients, less padding (see ``trainers/batching.py``; the throughput figure
+            comes from ``benchmarks/bench_packing.py``).
         pack_len: Row width when packing (a longer sample gets a row of its own). Attention over a
             packed row costs ``pack_len**2`` whatever the samples in it, so keep it a few samples long.
     """
