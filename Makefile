@@ -46,8 +46,8 @@ model: venv
 	$(BIN)/agentgym models prepare smollm2-135m-instruct
 
 lint: venv
-	$(BIN)/ruff check agentgym envs policies trainers tests benchmarks examples
-	$(BIN)/mypy agentgym envs policies trainers
+	$(BIN)/ruff check agentgym envs policies trainers recipes tests benchmarks examples
+	$(BIN)/mypy agentgym envs policies trainers recipes
 
 dockerd-start:
 	@bash scripts/dockerd-start.sh

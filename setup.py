@@ -1,13 +1,18 @@
 """Package discovery for the single ``agentgym`` namespace.
 
-The top-level folders ``envs/``, ``policies/`` and ``trainers/`` install as ``agentgym.envs``,
-``agentgym.policies`` and ``agentgym.trainers``. Subpackages are discovered, so adding an env
-family needs no edit here. All metadata lives in pyproject.toml.
+The top-level folders ``envs/``, ``policies/``, ``trainers/`` and ``recipes/`` install as ``agentgym.envs``,
+``agentgym.policies``, ``agentgym.trainers`` and ``agentgym.recipes``. Subpackages are discovered, so adding
+an env family needs no edit here. All metadata lives in pyproject.toml.
+
+``recipes/`` is mapped like the others (rather than shipped as a top-level ``recipes`` package or left out
+of the install): ``agentgym train`` imports the recipes from an installed package, nothing new lands at
+the top level of site-packages, and an editable install serves the repository's files.
 """
 
 from setuptools import find_packages, setup
 
-MAPPED = {"agentgym": "agentgym", "agentgym.envs": "envs", "agentgym.policies": "policies", "agentgym.trainers": "trainers"}
+MAPPED = {"agentgym": "agentgym", "agentgym.envs": "envs", "agentgym.policies": "policies", "agentgym.trainers": "trainers",
+          "agentgym.recipes": "recipes"}
 
 packages: list[str] = []
 for namespace, folder in MAPPED.items():

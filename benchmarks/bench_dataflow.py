@@ -157,8 +157,8 @@ async def elastic(quick: bool, latency: float, skip_vllm: bool) -> dict[str, Any
 
 
 def _train(config: str, out: str, overrides: list[str]) -> tuple[float, list[dict[str, Any]]]:
+    from agentgym.recipes import run_training
     from agentgym.trainers.config import load_train_config
-    from agentgym.trainers.recipe import run_training
 
     base = ["run.resume=false", f"run.out_dir={out}", "eval.before=false", "eval.after=false", "log.progress=false",
             "log.plot=false", "run.checkpoint_every=1000"]

@@ -11,9 +11,11 @@ Library pieces, connected by plain data (no base classes):
 * :mod:`.publish`: :func:`trainable_state` (full: every parameter; LoRA: the merged adapted weights),
   handed to the one publisher, :class:`agentgym.weights.WeightPublisher`.
 * :mod:`.checkpoint`, :mod:`.metrics`, :mod:`.config`.
-* :mod:`.recipe`: the synchronous setup / train / cleanup recipe behind ``agentgym train``.
+* :mod:`.run`: the run folder, seeding, a run's length and which policies a step trains.
 
-Trainers see trajectories, never envs. Heavy modules (torch) load on first attribute access.
+The training runs themselves are recipes outside the library (:mod:`agentgym.recipes`, the repository's
+``recipes/``) that compose these pieces. Trainers see trajectories, never envs. Heavy modules (torch)
+load on first attribute access.
 """
 
 from __future__ import annotations
@@ -27,24 +29,23 @@ if TYPE_CHECKING:
     from .config import TrainConfig, load_train_config
     from .losses import aggregation_weights, k3_kl, policy_loss, sft_loss
     from .publish import trainable_state
-    from .recipe import Recipe, run_training
-    from .sft import sft_samples, transcript_samples
-    from .trainer import PolicyTrainer
+    from .sft import load_transcripts, sft_samples, transcript_samples
+    from .trainer import PolicyTrainer, build_trainers
 
 __all__ = [
     "PolicyTrainer",
-    "Recipe",
     "TrainConfig",
     "TrainSample",
     "aggregation_weights",
+    "build_trainers",
     "collate",
     "group_advantages",
     "k3_kl",
     "load_train_config",
+    "load_transcripts",
     "overlong_penalty",
     "pack_micro_batches",
     "policy_loss",
-    "run_training",
     "samples_from_groups",
     "sft_loss",
     "sft_samples",
@@ -57,8 +58,8 @@ _WHERE = {
     "TrainSample": "batching", "collate": "batching", "pack_micro_batches": "batching",
     "samples_from_groups": "batching", "TrainConfig": "config", "load_train_config": "config",
     "aggregation_weights": "losses", "k3_kl": "losses", "policy_loss": "losses", "sft_loss": "losses",
-    "trainable_state": "publish", "Recipe": "recipe", "run_training": "recipe",
-    "sft_samples": "sft", "transcript_samples": "sft", "PolicyTrainer": "trainer",
+    "trainable_state": "publish", "load_transcripts": "sft",
+    "sft_samples": "sft", "transcript_samples": "sft", "PolicyTrainer": "trainer", "build_trainers": "trainer",
 }
 
 

@@ -17,6 +17,14 @@ A group may carry a weight (``group_weights``: the importance weight of a replay
 
 :func:`pack_micro_batches` sorts samples by length and packs them under a token budget, so padding
 is only ever to the longest sequence of one micro-batch; :func:`collate` pads one micro-batch.
+
+**Sequence packing** (``optim.pack_sequences``): :func:`pack_rows` puts several samples end to end in
+one row of at most ``optim.pack_len`` tokens, and :func:`collate_packed` gives every sample its own
+``position_ids`` (0, 1, ... again at each sample's start) and no 2-D attention mask. transformers then
+builds a block-diagonal causal mask from the position ids (``masking_utils.find_packed_sequence_indices``,
+sdpa and eager alike), so no token attends across samples and RoPE sees each sample's own positions; the
+step's loss and gradients equal the unpacked ones (``tests/trainers/test_packing.py``). A target at a
+sample's first token (the previous sample's last position predicting it) is never trained.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from agentgym.types import TrajectoryGroup
 
 from .advantages import Estimator, group_advantages, overlong_penalty
 
-__all__ = ["BatchStats", "MicroBatch", "TrainSample", "collate", "pack_micro_batches", "samples_from_groups"]
+__all__ = ["BatchStats", "MicroBatch", "TrainSample", "collate", "collate_packed", "pack_micro_batches", "pack_rows",
+           "samples_from_groups"]
 
 
 @dataclass
@@ -173,10 +182,12 @@ class MicroBatch:
         input_ids: ``[B, W]`` token ids (pad: 0).
         attention_mask: ``[B, W]`` 1 on real tokens.
         target_mask: ``[B, W-1]`` float, 1 where position t's target (token t+1) is trained.
-        advantages: ``[B, 1]``.
+        advantages: ``[B, 1]`` (one sample per row), or ``[B, W-1]`` per target (packed rows).
         behaviour_logp: ``[B, W-1]`` behaviour logprob of token t+1, or ``None`` if any sample has none.
         weights: ``[B, W-1]`` aggregation weight per target (0 off the mask).
         index: Positions of these samples in the list given to :func:`pack_micro_batches`.
+        position_ids: ``[B, W]`` per-sample positions of packed rows (the model gets these and no
+            ``attention_mask``); ``None`` for one sample per row.
     """
 
     input_ids: torch.Tensor
@@ -186,10 +197,17 @@ class MicroBatch:
     behaviour_logp: torch.Tensor | None
     weights: torch.Tensor
     index: list[int]
+    position_ids: torch.Tensor | None = None
 
     @property
     def padded_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """What the model is called with: ids and the padding mask, or for packed rows ids and positions."""
+        if self.position_ids is not None:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
 
     @property
     def real_tokens(self) -> int:
@@ -200,7 +218,8 @@ class MicroBatch:
             return None if t is None else t.to(device)
 
         return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.target_mask.to(device),
-                          self.advantages.to(device), mv(self.behaviour_logp), self.weights.to(device), self.index)
+                          self.advantages.to(device), mv(self.behaviour_logp), self.weights.to(device), self.index,
+                          mv(self.position_ids))
 
 
 def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -262,3 +281,58 @@ def collate(samples: Sequence[TrainSample], index: list[int], weights: Sequence[
         if blp is not None and s.logprobs is not None:
             blp[r, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
     return MicroBatch(ids, att, tmask, adv, blp, w, list(index))
+
+
+def pack_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
+    """Sample indices packed end to end into rows of at most ``row_len`` tokens (first fit, longest
+    first). A sample longer than ``row_len`` gets a row of its own (it is never truncated)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        k = next((r for r, free in enumerate(room) if free >= n), None)
+        if k is None:
+            rows.append([i])
+            room.append(row_len - n)
+        else:
+            rows[k].append(i)
+            room[k] -= n
+    return rows
+
+
+def collate_packed(samples: Sequence[TrainSample], rows: Sequence[Sequence[int]],
+                   weights: Sequence[float]) -> MicroBatch:
+    """One micro-batch of packed rows (``rows``: sample indices per row, from :func:`pack_rows`).
+
+    Each sample keeps its own positions (``position_ids`` restart at 0), its own targets (the first
+    token of a sample is never a target), advantage and weights; rows are right-padded to the longest
+    (the padding is a block of its own, never a target).
+    """
+    width = max(sum(len(samples[i]) for i in row) for row in rows)
+    b = len(rows)
+    ids = torch.zeros((b, width), dtype=torch.long)
+    pos = torch.zeros((b, width), dtype=torch.long)
+    att = torch.zeros((b, width), dtype=torch.long)
+    tmask = torch.zeros((b, width - 1), dtype=torch.float32)
+    w = torch.zeros((b, width - 1), dtype=torch.float32)
+    adv = torch.zeros((b, width - 1), dtype=torch.float32)
+    members = [samples[i] for row in rows for i in row]
+    has_lp = all(s.logprobs is not None for s in members)
+    blp = torch.zeros((b, width - 1), dtype=torch.float32) if has_lp else None
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            s = samples[i]
+            n = len(s)
+            ids[r, at:at + n] = torch.tensor(s.token_ids, dtype=torch.long)
+            pos[r, at:at + n] = torch.arange(n)
+            att[r, at:at + n] = 1
+            m = torch.tensor(s.loss_mask[1:], dtype=torch.float32)  # position t predicts token t+1 of the sample
+            tmask[r, at:at + n - 1] = m
+            w[r, at:at + n - 1] = m * (float(weights[i]) * float(s.weight))
+            adv[r, at:at + n - 1] = float(s.advantage)
+            if blp is not None and s.logprobs is not None:
+                blp[r, at:at + n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
+            at += n
+        pos[r, at:] = torch.arange(width - at)  # the padding: a block of its own
+    return MicroBatch(ids, att, tmask, adv, blp, w, [i for row in rows for i in row], pos)

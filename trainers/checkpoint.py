@@ -4,9 +4,16 @@
 
 * ``<policy>.weights.safetensors``: the parameters each trainer optimizes (the whole model for a
   full fine-tune, the adapter for LoRA);
-* ``<policy>.trainer.pt``: optimizer, LR schedule, step and skip counters, mini-batch RNG;
+* ``<policy>.trainer.pt``: optimizer, LR schedule position, step and skip counters, mini-batch RNG;
 * ``state.json``: step, weight version, data position, config fingerprint;
 * ``rng.pt``: Python, NumPy and torch RNG states.
+
+**Nothing in a checkpoint is executed.** Resuming is on by default, so a run folder is input: the
+``.pt`` files hold only tensors, numbers, strings, lists, tuples and dicts (the NumPy RNG state is
+stored as a tensor, not a pickled array) and are read with ``torch.load(weights_only=True)``, which
+refuses anything else; the weights are safetensors and the rest is JSON. A file that holds other
+objects (tampered with, or written by an older AgentGym that pickled NumPy state) raises
+:class:`~agentgym.errors.ConfigurationError` without running any of it.
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash mid-write leaves
 the previous checkpoint intact; older ones beyond ``keep`` are deleted.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -51,8 +59,7 @@ def save_checkpoint(out_dir: str | Path, step: int, trainers: dict[str, PolicyTr
             w = {k: v.detach().cpu().contiguous() for k, v in tr.weights().items()}
             save_file(w, str(tmp / f"{_safe(pid)}.weights.safetensors"))
             torch.save(tr.state_dict(), tmp / f"{_safe(pid)}.trainer.pt")
-        torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-                   tmp / "rng.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, default=str))
         final = root / f"{_PREFIX}{step:06d}"
         if final.exists():
@@ -88,10 +95,54 @@ def load_checkpoint(path: str | Path, trainers: dict[str, PolicyTrainer], restor
         if not wf.is_file():
             raise ConfigurationError(f"checkpoint {p} has no weights for policy {pid!r}")
         tr.load_weights(load_file(str(wf)))
-        tr.load_state_dict(torch.load(p / f"{_safe(pid)}.trainer.pt", weights_only=False))
+        tf = p / f"{_safe(pid)}.trainer.pt"
+        state = _load_data(tf)
+        try:
+            tr.load_state_dict(state)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigurationError(f"{tf} is not a trainer state this version can resume ({type(e).__name__}: {e}); "
+                                     "start afresh with run.resume = false") from None
     if restore_rng:
-        rng = torch.load(p / "rng.pt", weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
+        _set_rng_state(_load_data(p / "rng.pt"), p / "rng.pt")
     return dict(json.loads((p / "state.json").read_text()))
+
+
+def _load_data(path: Path) -> dict[str, Any]:
+    """A ``.pt`` file of plain data, unpickled with ``weights_only=True``: nothing in it can run code."""
+    if not path.is_file():
+        raise ConfigurationError(f"checkpoint file {path} is missing")
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise ConfigurationError(
+            f"refusing to load {path}: it holds something other than tensors and plain data (a tampered file, "
+            f"or a checkpoint of an older AgentGym); nothing in it was run. Delete the checkpoint or set "
+            f"run.resume = false ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{path} does not hold a dict of state")
+    return data
+
+
+def _rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states as plain data (the NumPy key as a tensor, not a pickled array)."""
+    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": {"kind": str(kind), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+
+
+def _set_rng_state(rng: dict[str, Any], path: Path) -> None:
+    try:
+        n = rng["numpy"]
+        key = n["key"].numpy().astype(np.uint32)
+        np_state = (n["kind"], key, int(n["pos"]), int(n["has_gauss"]), float(n["cached_gaussian"]))
+        py = rng["python"]
+        torch_state = rng["torch"]
+        if not isinstance(torch_state, torch.Tensor):
+            raise TypeError("torch state is not a tensor")
+        random.setstate(py)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise ConfigurationError(f"{path} is not an RNG state this version can restore ({type(e).__name__}: {e}); "
+                                 "start afresh with run.resume = false") from None

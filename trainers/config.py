@@ -230,6 +230,12 @@ class OptimConfig(_Section):
             under it, so padding is only to the longest sequence of each micro-batch.
         max_bad_steps: Consecutive non-finite losses/gradients tolerated (each skipped) before the
             run stops.
+        pack_sequences: Pack several samples end to end into rows of ``pack_len`` tokens with a
+            block-diagonal causal attention (per-sample position ids), instead of one padded sample per
+            row; same loss and gradients, less padding (see ``trainers/batching.py``; the throughput figure
+            comes from ``benchmarks/bench_packing.py``).
+        pack_len: Row width when packing (a longer sample gets a row of its own). Attention over a
+            packed row costs ``pack_len**2`` whatever the samples in it, so keep it a few samples long.
     """
 
     lr: float = Field(default=1e-5, ge=0)
@@ -241,6 +247,8 @@ class OptimConfig(_Section):
     grad_clip: float | None = Field(default=1.0, gt=0)
     token_budget: int = Field(default=4096, ge=16)
     max_bad_steps: int = Field(default=3, ge=1)
+    pack_sequences: bool = False
+    pack_len: int = Field(default=1024, ge=16)
 
 
 class DataConfig(_Section):
@@ -269,6 +277,10 @@ class EvalConfig(_Section):
             to measure the spread.
         sampling_seeds: Derive a sampling seed per (seed, task, turn) so a rerun reproduces the eval
             (vLLM honours per-request seeds; HFPolicy draws seeded rows from their own generators).
+        share_rollout_engine: RL only, embedded runtime: evaluate on rollout service 0's policies (one
+            engine less, e.g. one vLLM engine on a small machine) instead of eval policies of their own.
+            The held-out episodes then share that engine with live training rollouts (the weights are the
+            same version; timings and batching are not). Default: separate eval policies.
     """
 
     split: str = "test"
@@ -281,14 +293,24 @@ class EvalConfig(_Section):
     before: bool = True
     after: bool = True
     every: int = Field(default=0, ge=0)
+    share_rollout_engine: bool = False
 
 
 class LogConfig(_Section):
-    """Run logs. ``groups``: write ``groups.jsonl``, one compact line per finished rollout group (kept or
-    filtered: actions, tool calls, per-turn tokens, rewards, gate records; embedded runtime only)."""
+    """Run logs.
+
+    Attributes:
+        progress: Print progress on stderr: a line per step (what was trained, or that nothing was and
+            why), and while a step's rollouts run, a line every ``progress_every_s`` seconds (groups and
+            episodes finished, kept and filtered with the reason, success rate, tokens/s); a rich progress
+            bar on a terminal. A step that made no update is reported even with ``progress = false``.
+        groups: Write ``groups.jsonl``, one compact line per finished rollout group (kept or filtered:
+            actions, tool calls, per-turn tokens, rewards, gate records; embedded runtime only).
+    """
 
     tensorboard: bool = False
     progress: bool = True
+    progress_every_s: float = Field(default=10.0, ge=0)
     plot: bool = True
     log_every: int = Field(default=1, ge=1)
     groups: bool = False
@@ -388,6 +410,9 @@ class TrainConfig(_Section):
                             "group; the pilot runs it in two pieces); switch one off")
         if self.multi.workflow != "none" and (self.pilot.mode != "off" or self.gate.mode != "off"):
             problems.append("gate.mode / pilot.mode: the gate and the pilot run on the one-policy workflow only")
+        if self.eval.share_rollout_engine and (self.run.algorithm != "grpo" or self.dataflow.runtime != "embedded"):
+            problems.append("eval.share_rollout_engine: only an RL run on the embedded runtime has a rollout engine "
+                            "in this process to share")
         if self.dataflow.replay_fill and not self.filter.dynamic_sampling:
             problems.append("dataflow.replay_fill replaces groups dynamic sampling filtered: set "
                             "filter.dynamic_sampling = true")

@@ -1,4 +1,13 @@
-"""Run logging: JSONL metrics (always), TensorBoard (optional), a rich progress line, PNG curves.
+"""Run logging: JSONL metrics (always), TensorBoard (optional), progress lines, PNG curves.
+
+What a user sees while ``agentgym train`` runs (``[log] progress``, on stderr):
+
+* while a step's rollouts run, a line every ``log.progress_every_s`` seconds (:class:`RolloutProgress`):
+  groups and episodes finished, how many groups were kept and how many filtered and why, the success
+  rate of every finished episode, and generated tokens per second;
+* after every step, one line (:func:`step_line`): what was trained (loss, reward, KL, clip fraction)
+  or, plainly, that the step made no update and why;
+* every held-out evaluation with its interval.
 
 ``OUT/metrics.jsonl`` gets one JSON object per step (nested dicts flattened to ``a/b`` keys), appended
 and flushed, so it survives a crash and a resumed run keeps appending to the same curve.
@@ -10,13 +19,19 @@ what an offline audit of a rollout-saving strategy needs (:func:`group_summary`)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["GroupLog", "MetricsLogger", "flatten", "flow_counters", "gate_metrics", "group_summary", "plot_curves",
-           "read_metrics"]
+__all__ = ["GroupLog", "MetricsLogger", "Panel", "RolloutDelta", "RolloutProgress", "curve_panels", "eval_line",
+           "flatten", "flow_counters", "gate_metrics", "group_summary", "plot_curves", "read_metrics", "step_line"]
+
+T = TypeVar("T")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -60,7 +75,7 @@ def flow_counters(stats: dict[str, Any]) -> dict[str, Any]:
     gate's precision and recall (:func:`gate_metrics`)."""
     g = stats.get("groups") or {}
     return {"groups_finished": g.get("finished", 0), "episodes_finished": g.get("episodes", 0),
-            "generated_tokens": g.get("generated_tokens", 0),
+            "episodes_succeeded": g.get("successes", 0), "generated_tokens": g.get("generated_tokens", 0),
             "tasks_skipped": (stats.get("task_stream") or {}).get("skipped", 0),
             "outcomes": g.get("outcomes", {}),
             "gates": {name: gate_metrics(c) for name, c in (stats.get("gates") or {}).items()}}
@@ -111,6 +126,154 @@ def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
+
+
+@dataclass
+class RolloutDelta:
+    """What the rollout services finished between two dataflow ``stats()`` snapshots (one step's window).
+
+    Every finished group counts, kept or filtered, so :attr:`success_rate` is the unfiltered success
+    rate (the trained reward only averages the groups that survived the filters).
+    """
+
+    groups: int = 0
+    episodes: int = 0
+    successes: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)  # policy -> {"kept" | "filtered:why": groups}
+
+    @classmethod
+    def between(cls, a: Mapping[str, Any], b: Mapping[str, Any], wall_s: float) -> RolloutDelta:
+        ga, gb = a.get("groups") or {}, b.get("groups") or {}
+
+        def d(k: str) -> int:
+            return int(gb.get(k, 0) or 0) - int(ga.get(k, 0) or 0)
+
+        oa, ob = ga.get("outcomes") or {}, gb.get("outcomes") or {}
+        outcomes = {p: {k: n - int((oa.get(p) or {}).get(k, 0)) for k, n in (ob.get(p) or {}).items()} for p in ob}
+        outcomes = {p: {k: n for k, n in o.items() if n} for p, o in outcomes.items()}
+        return cls(d("finished"), d("episodes"), d("successes"), d("generated_tokens"), wall_s, outcomes)
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.successes / self.episodes if self.episodes else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.wall_s if self.wall_s > 0 else None
+
+    def filtered(self, policy: str) -> dict[str, int]:
+        """``{reason: groups}`` this policy's filters dropped."""
+        return {k.split(":", 1)[1]: n for k, n in self.outcomes.get(policy, {}).items() if k.startswith("filtered:")}
+
+    def kept(self, policy: str) -> int:
+        return self.outcomes.get(policy, {}).get("kept", 0)
+
+    def describe(self) -> str:
+        """``"5 groups finished (3 kept, 2 filtered: zero_variance 2), 40 episodes, success 30.0%, 2,100 tokens
+        generated in them (95 tok/s)"``: tokens count when their group finishes."""
+        parts = []
+        policies = sorted(self.outcomes)
+        for p in policies or [""]:
+            f = self.filtered(p)
+            why = ", ".join(f"{k} {n}" for k, n in sorted(f.items()))
+            who = f"{p}: " if len(policies) > 1 else ""
+            parts.append(f"{who}{self.kept(p)} kept, {sum(f.values())} filtered" + (f": {why}" if why else ""))
+        sr = self.success_rate
+        tps = self.tokens_per_s
+        return (f"{self.groups} groups finished ({'; '.join(parts)}), {self.episodes} episodes, "
+                f"success {'-' if sr is None else f'{100 * sr:.1f}%'}, {self.tokens:,} tokens generated in them"
+                f"{'' if tps is None else f' ({tps:,.0f} tok/s)'}")
+
+    def to_metrics(self) -> dict[str, Any]:
+        return {"groups": self.groups, "episodes": self.episodes, "success_rate": self.success_rate,
+                "generated_tokens": self.tokens, "tokens_per_s": self.tokens_per_s}
+
+
+class RolloutProgress:
+    """Progress lines while a trainer waits for its batch (the rollouts of a step).
+
+    Args:
+        stats: The dataflow runtime's ``stats()`` (works the same embedded or on Ray).
+        note: Prints one line (``MetricsLogger.note``).
+        every_s: Seconds between lines (``0``: none; the step's summary line still comes).
+    """
+
+    def __init__(self, stats: Callable[[], Awaitable[dict[str, Any]]], note: Callable[[str], None],
+                 every_s: float = 10.0) -> None:
+        self.stats = stats
+        self.note = note
+        self.every_s = every_s
+
+    async def watch(self, label: str, work: Awaitable[T]) -> tuple[T, RolloutDelta]:
+        """Await ``work`` (the batch), printing ``label: <progress>`` every ``every_s`` seconds meanwhile;
+        returns its result and what the services finished in the meantime."""
+        start = await self.stats()
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(work)
+        try:
+            while self.every_s > 0:
+                done, _ = await asyncio.wait({task}, timeout=self.every_s)
+                if done:
+                    break
+                now = await self.stats()
+                delta = RolloutDelta.between(start, now, time.monotonic() - t0)
+                busy = sum(s.get("in_flight", 0) for s in (now.get("services") or {}).values())
+                self.note(f"{label}: rolling out for {delta.wall_s:.0f} s: {delta.describe()}; "
+                          f"{busy} groups in flight")
+            result = await task
+        finally:
+            if not task.done():
+                task.cancel()
+        return result, RolloutDelta.between(start, await self.stats(), time.monotonic() - t0)
+
+
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    return "-" if not isinstance(v, (int, float)) or isinstance(v, bool) else format(v, spec)
+
+
+def step_line(step: int, total: int, rec: Mapping[str, Any], delta: RolloutDelta | None = None) -> str:
+    """One line per step: what was trained, or plainly that nothing was and why.
+
+    ``rec`` is the step's (nested) metrics; multi-policy records hold one sub-dict per policy.
+    """
+    head = f"step {step}/{total}"
+    per = {p: v for p, v in rec.items() if isinstance(v, dict) and "train" in v}
+    if "train" in rec:
+        per = {"": dict(rec)}
+    bits = []
+    if delta is not None:
+        bits.append(f"rollout {delta.wall_s:.0f} s: {delta.describe()}")
+    for pid, m in per.items():
+        who = f"{pid}: " if pid else ""
+        tr = m.get("train") or {}
+        ro = m.get("rollout") or {}
+        if tr.get("optimizer_steps", 0) == 0:
+            why = tr.get("skip_reason") or tr.get("skipped") or (
+                "every step had a non-finite loss or gradient" if tr.get("skipped_steps") else "no trainable tokens")
+            bits.append(f"{who}NO UPDATE ({why}; the learning-rate schedule moves on)")
+            continue
+        parts = [f"{tr['optimizer_steps']} optimizer step(s)", f"loss {_fmt(tr.get('loss'))}"]
+        if ro:
+            parts.append(f"reward {_fmt(ro.get('reward_mean'))} over {ro.get('groups', '-')} trained groups")
+        if tr.get("kl") is not None:
+            parts.append(f"kl {_fmt(tr.get('kl'))}")
+        if tr.get("clip_frac") is not None:
+            parts.append(f"clip {_fmt(tr.get('clip_frac'))}")
+        parts.append(f"lr {_fmt(tr.get('lr'))}")
+        bits.append(who + ", ".join(parts))
+    return f"{head}: " + "; ".join(bits)
+
+
+def eval_line(stage: str, res: Mapping[str, Any]) -> str:
+    """``eval after: success 68.8% [44.4, 85.8] (Wilson 95%, 16 episodes, test split)``."""
+    s, iv = res.get("success"), res.get("success_interval")
+    txt = "-" if s is None else f"{100 * s:.1f}%"
+    if iv:
+        txt += f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
+    return (f"eval {stage}: success {txt} ({res.get('interval_kind') or 'no interval'}, {res.get('episodes')} "
+            f"episodes, {res.get('split')} split)")
 
 
 class MetricsLogger:
@@ -207,10 +370,55 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def plot_curves(metrics_path: str | Path, out_png: str | Path, keys: list[str] | None = None) -> Path | None:
-    """Plot the curves of ``keys`` (default: reward, success, loss, KL/entropy) against the step.
+@dataclass
+class Panel:
+    """One panel of ``curves.png``: a title, and the metric keys drawn in it with their legend labels.
 
-    Returns the PNG path, or ``None`` if matplotlib is missing or there is nothing to plot.
+    ``interval``: ``(lo_key, hi_key)`` drawn as error bars around the first series. ``empty_note``: what
+    the panel says when none of its series has data (e.g. no KL term configured)."""
+
+    title: str
+    series: list[tuple[str, str]]
+    interval: tuple[str, str] | None = None
+    empty_note: str | None = None
+
+
+def _prefixes(keys: set[str]) -> list[str]:
+    """Per-policy key prefixes of a multi-policy run (``"solver/"``...), or ``[""]``."""
+    pre = sorted({k[: -len("train/loss")] for k in keys if k.endswith("/train/loss") and k.count("/") == 2})
+    return pre or [""]
+
+
+def curve_panels(rows: list[dict[str, Any]]) -> list[Panel]:
+    """The panels of a run's curves: SFT gets the training loss; RL the reward of the trained groups beside
+    the success rate of every finished episode (filtered or not), the loss, the KL to the reference and the
+    clip fraction; both get the held-out success with its interval."""
+    keys = {k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    rl = any(k.startswith("rollout") or "/rollout/" in k for r in rows for k in r)
+    panels: list[Panel] = []
+    for pre in _prefixes(keys):
+        who = pre.rstrip("/") + ": " if pre else ""
+        if rl:
+            panels.append(Panel(f"{who}training reward and success", [
+                (f"{pre}rollout/reward_mean", "reward, trained groups only (filtered groups left out)"),
+                (f"{pre}rollout/success_rate", "success, trained groups only"),
+                ("rollout_all/success_rate", "success, every finished episode (unfiltered)")]))
+        panels.append(Panel(f"{who}training loss", [(f"{pre}train/loss", "loss")]))
+        if rl:
+            panels.append(Panel(f"{who}KL to the reference", [(f"{pre}train/kl", "k3 KL")],
+                                empty_note="no reference model (loss.kl_coef = 0)"))
+            panels.append(Panel(f"{who}clip fraction", [(f"{pre}train/clip_frac", "clipped share of trained tokens")]))
+    panels.append(Panel("held-out success", [("eval/success", "success")],
+                        interval=("eval/success_lo", "eval/success_hi"), empty_note="no held-out evaluation"))
+    return panels
+
+
+def plot_curves(metrics_path: str | Path, out_png: str | Path) -> tuple[Path, list[dict[str, Any]]] | None:
+    """Draw :func:`curve_panels` of a ``metrics.jsonl`` against the step.
+
+    Returns the PNG path and what was drawn, read back from the figure's axes (per panel: its title, the
+    legend label and point count of every line, and the error bars), which is also stored in the PNG's
+    ``agentgym:panels`` text chunk. ``None`` if matplotlib is missing or there is nothing to plot.
     """
     try:
         import matplotlib
@@ -222,27 +430,49 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, keys: list[str] |
     rows = read_metrics(metrics_path)
     if not rows:
         return None
-    wanted = keys or [k for k in rows[-1] if k.endswith(("reward_mean", "success_rate", "/loss", "entropy",
-                                                          "grad_norm", "eval/success"))]
-    series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
-              for k in wanted}
-    series = {k: v for k, v in series.items() if v}
-    if not series:
+
+    def pts(key: str) -> list[tuple[int, float]]:
+        return [(r["step"], float(r[key])) for r in rows
+                if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+    panels = [p for p in curve_panels(rows) if any(pts(k) for k, _ in p.series) or p.empty_note]
+    if not panels:
         return None
-    n = len(series)
-    cols = min(3, n)
-    nrows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.2 * nrows), squeeze=False)
-    for ax, (k, pts) in zip(axes.flat, series.items(), strict=False):
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
-        ax.set_title(k, fontsize=9)
+    cols = min(3, len(panels))
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.8 * cols, 3.4 * nrows), squeeze=False)
+    drawn: list[dict[str, Any]] = []
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for i, (key, label) in enumerate(panel.series):
+            xy = pts(key)
+            if not xy:
+                continue
+            xs, ys = [p[0] for p in xy], [p[1] for p in xy]
+            marker = "." if len(xy) < 40 else None
+            if i == 0 and panel.interval is not None:
+                lo, hi = dict(pts(panel.interval[0])), dict(pts(panel.interval[1]))
+                err = [[y - lo.get(x, y) for x, y in xy], [hi.get(x, y) - y for x, y in xy]]
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{label} (95% interval)")
+            else:
+                ax.plot(xs, ys, marker=marker, label=label, linestyle="--" if "trained groups only" in label and
+                        "success" in label else "-")
+        if not ax.get_lines() and panel.empty_note:
+            ax.text(0.5, 0.5, panel.empty_note, ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
+        if ax.get_lines():
+            ax.legend(fontsize=6)
+        lines = [{"label": ln.get_label(), "points": len(ln.get_xdata())} for ln in ax.get_lines()
+                 if not str(ln.get_label()).startswith("_")]
+        lines += [{"label": c.get_label(), "points": len(c[0].get_xdata())} for c in ax.containers]  # error bars
+        drawn.append({"title": ax.get_title(), "lines": lines, "errorbars": len(ax.containers),
+                      "note": panel.empty_note if not ax.get_lines() else None})
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, metadata={"agentgym:panels": json.dumps(drawn)})
     plt.close(fig)
-    return out
+    return out, drawn

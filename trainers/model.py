@@ -10,9 +10,9 @@ from agentgym.errors import ConfigurationError, DependencyNotInstalled
 
 from .batching import MicroBatch
 
-__all__ = ["adapter_parameters", "add_lora", "load_causal_lm", "token_logprobs"]
+__all__ = ["DTYPES", "adapter_parameters", "add_lora", "load_causal_lm", "token_logprobs"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu", gradient_checkpointing: bool = False) -> Any:
@@ -25,7 +25,7 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu", gradi
 
     resolved = resolve_model(path)
     try:
-        model: Any = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=_DTYPES[dtype])
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype])
     except OSError as e:
         raise ConfigurationError(f"cannot load model {path!r} from {resolved}: {e}") from e
     model = model.to(device)
@@ -76,7 +76,7 @@ def token_logprobs(model: Any, mb: MicroBatch, *, entropy: bool = False,
         keep = torch.arange(w - 1, device=mb.input_ids.device)
     # the LM head (and the fp32 log-softmax over the vocabulary) runs only where a target is trained:
     # prompt and tool tokens never pay for it
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep)
+    out = model(**mb.model_inputs(), use_cache=False, logits_to_keep=keep)
     logits = out.logits.float()  # [B, K, V]
     targets = mb.input_ids[:, keep + 1].unsqueeze(-1)  # [B, K, 1]
     kept = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, K]

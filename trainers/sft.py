@@ -19,26 +19,16 @@ the expert does *after* a mistake, which a perfect expert's transcripts never sh
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from agentgym.errors import TrainingDataError
+from agentgym.errors import ConfigurationError, TrainingDataError
+from agentgym.rollout.collect import label_of, relabelled_states, same_action
 from agentgym.types import Message, Trajectory
 
 from .batching import TrainSample
 
-__all__ = ["label_of", "sft_samples", "transcript_samples"]
-
-
-def label_of(action: Any) -> Message:
-    """An action (raw text or an assistant message) as an assistant message."""
-    if isinstance(action, dict):
-        return {"role": "assistant", "content": str(action.get("content") or ""),
-                **({"tool_calls": list(action["tool_calls"])} if action.get("tool_calls") else {})}  # type: ignore[typeddict-item]
-    return {"role": "assistant", "content": str(action)}
-
-
-def _same(a: Message, b: Message) -> bool:
-    return a.get("content", "") == b.get("content", "") and (a.get("tool_calls") or []) == (b.get("tool_calls") or [])
+__all__ = ["load_transcripts", "sft_samples", "transcript_samples"]
 
 
 class _Renderer:
@@ -93,7 +83,7 @@ def transcript_samples(traj: Trajectory, tokenizer: Any, policy_id: str = "polic
         if not full.startswith(prefix):
             raise TrainingDataError(f"{traj.task_id}: the template's assistant turn {j} does not extend its prompt")
         lids, lmask = r.target(full[len(prefix):])
-        if _same(label, taken):
+        if same_action(label, taken):
             ids += lids
             mask += lmask
             text = full
@@ -130,10 +120,24 @@ def sft_samples(trajectories: Iterable[Trajectory], tokenizer: Any, policy_id: s
                 counts["too_long_skipped"] += 1
                 continue
             out.append(s)
-        labels = t.info.get("labels") or []
-        taken = [m for m in t.messages if m["role"] == "assistant"]
-        counts["relabelled_turns"] += sum(1 for lb, m in zip(labels, taken, strict=False)
-                                          if lb is not None and not _same(label_of(lb), label_of(m)))
+        counts["relabelled_turns"] += relabelled_states(t)[1]
     counts["samples"] = len(out)
     counts["trained_tokens"] = sum(s.num_masked for s in out)
     return out, counts
+
+
+def load_transcripts(paths: Sequence[str]) -> list[Trajectory]:
+    """Trajectories from JSONL files (or folders holding ``trajectories.jsonl``), for ``[data] paths``."""
+    from agentgym.rollout.jsonl import iter_jsonl
+
+    out: list[Trajectory] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            path = path / "trajectories.jsonl"
+        if not path.is_file():
+            raise ConfigurationError(f"data.paths: {p} does not exist (write it with agentgym collect --out {p})")
+        out += list(iter_jsonl(path))
+    if not out:
+        raise ConfigurationError(f"data.paths {list(paths)} hold no trajectories")
+    return out

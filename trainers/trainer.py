@@ -27,24 +27,25 @@ batch's positions of the schedule).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from agentgym.errors import ConfigurationError, TrainingDiverged
 
-from .batching import MicroBatch, TrainSample, collate, pack_micro_batches
-from .config import LossConfig, OptimConfig
+from .batching import MicroBatch, TrainSample, collate, collate_packed, pack_micro_batches, pack_rows
+from .config import LossConfig, ModelConfig, OptimConfig
 from .losses import aggregation_weights, policy_loss, sft_loss
 from .memory import release_free_memory
-from .model import adapter_parameters, token_logprobs
+from .model import DTYPES, adapter_parameters, add_lora, load_causal_lm, token_logprobs
 
-__all__ = ["PolicyTrainer", "lr_factor"]
+__all__ = ["PolicyTrainer", "build_trainers", "lr_factor"]
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,12 @@ class PolicyTrainer:
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch]:
         agg = "token-mean" if self.algorithm == "sft" else self.loss_cfg.aggregation
         weights = aggregation_weights([s.num_masked for s in samples], agg, self.loss_cfg.norm_len)
-        groups = pack_micro_batches([len(s) for s in samples], self.optim_cfg.token_budget)
+        o = self.optim_cfg
+        if o.pack_sequences:  # several samples per row, block-diagonal attention (see trainers/batching.py)
+            rows = pack_rows([len(s) for s in samples], o.pack_len)
+            groups = pack_micro_batches([sum(len(samples[i]) for i in row) for row in rows], o.token_budget)
+            return [collate_packed(samples, [rows[g] for g in grp], weights).to(self.device) for grp in groups]
+        groups = pack_micro_batches([len(s) for s in samples], o.token_budget)
         return [collate(samples, idx, weights).to(self.device) for idx in groups]
 
     @torch.no_grad()
@@ -347,3 +353,39 @@ class _Acc:
         m["micro_batches"] = self.micro
         m["padding_efficiency"] = self.real / self.padded if self.padded else None
         return m
+
+
+def build_trainers(model: ModelConfig, paths: Mapping[str, str], *, algorithm: Literal["grpo", "sft"],
+                   optim: OptimConfig, loss: LossConfig, batches: Mapping[str, int], seed: int = 0,
+                   shared_base: bool = False, kl_coef: float = 0.0) -> dict[str, PolicyTrainer]:
+    """One :class:`PolicyTrainer` per policy (``paths``: policy id -> model folder).
+
+    ``model.finetune = "lora"`` gives each policy its own adapter; with ``shared_base`` (several policies)
+    the adapters sit on one base model. A KL term (``kl_coef > 0``) gets a frozen reference copy of a fully
+    fine-tuned model (with LoRA the base, adapter disabled, is the reference). ``batches``: the
+    ``train_on`` calls each trainer will get (the learning-rate schedule's horizon).
+    """
+    lora = model.finetune == "lora"
+    lkw: dict[str, Any] = {"rank": model.lora_rank, "alpha": model.lora_alpha, "dropout": model.lora_dropout,
+                           "targets": model.lora_targets}
+    models: dict[str, Any] = {}
+    if shared_base and len(paths) > 1:
+        shared = load_causal_lm(model.path, model.dtype, model.device, model.gradient_checkpointing)
+        for pid in paths:
+            shared = add_lora(shared, pid, **lkw)
+        models = dict.fromkeys(paths, shared)
+    else:
+        for pid, path in paths.items():
+            base = load_causal_lm(path, model.dtype, model.device, model.gradient_checkpointing)
+            models[pid] = add_lora(base, pid, **lkw) if lora else base
+    out: dict[str, PolicyTrainer] = {}
+    for pid in paths:
+        ref = None
+        if kl_coef > 0 and not lora:
+            ref = copy.deepcopy(models[pid]).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+        out[pid] = PolicyTrainer(pid, models[pid], algorithm=algorithm, optim=optim, loss=loss,
+                                 adapter=pid if lora else None, ref_model=ref, batches=batches[pid], seed=seed,
+                                 autocast=DTYPES[model.autocast] if model.autocast else None)
+    return out

@@ -1,7 +1,7 @@
 """``agentgym train`` and ``agentgym collect``.
 
-``agentgym train --config configs/train/X.toml [--set optim.lr=1e-5 ...]`` runs the recipe in
-:mod:`agentgym.trainers.recipe` (GRPO family or SFT); Ctrl-C finishes the current step and leaves a
+``agentgym train --config configs/train/X.toml [--set optim.lr=1e-5 ...]`` runs the config's recipe
+(:mod:`agentgym.recipes`: SFT, or RL for the GRPO family); Ctrl-C finishes the current step and leaves a
 resumable checkpoint (rerun the same command to continue). ``--check`` only validates the config.
 
 ``agentgym collect --env E --policy expert --out FILE`` writes transcripts for imitation through the
@@ -51,7 +51,7 @@ def train_cmd(
     if check:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         return
-    from agentgym.trainers.recipe import run_training
+    from agentgym.recipes import run_training
 
     try:
         result = run_training(cfg)
@@ -68,12 +68,16 @@ def train_cmd(
     def pct(d: dict[str, Any] | None) -> str:
         if not d or d.get("success") is None:
             return "-"
-        ci = d.get("success_ci95")
-        return f"{100 * d['success']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+        iv = d.get("success_interval")
+        return (f"{100 * d['success']:.1f}%" + (f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]" if iv else "")
+                + f" ({d.get('episodes')} episodes)")
 
-    con.print(f"[bold]done[/]: {result.get('steps')} steps in {result.get('train_wall_s', 0):.0f} s; "
-              f"held-out success before {pct(result.get('before'))} -> after {pct(result.get('after'))}")
-    con.print(f"run folder: {cfg.run.out_dir} (metrics.jsonl, curves.png, final/, result.json)")
+    con.print(f"[bold]done[/]: {result.get('steps')} steps in {result.get('train_wall_s', 0):.0f} s", highlight=False)
+    if result.get("before") or result.get("after"):
+        kind = (result.get("after") or result.get("before") or {}).get("interval_kind") or ""
+        con.print(f"held-out success ({kind}): before {pct(result.get('before'))} -> after "
+                  f"{pct(result.get('after'))}", highlight=False)
+    con.print(f"run folder: {cfg.run.out_dir} (metrics.jsonl, curves.png, final/, result.json)", highlight=False)
 
 
 def collect_cmd(
@@ -93,6 +97,7 @@ def collect_cmd(
     imports: Annotated[list[str] | None, typer.Option("--import", help="Import a module first (registers custom envs).")] = None,
     env_kwarg: Annotated[list[str] | None, typer.Option("--env-kwarg", help="key=value for the env constructor "
                                                         "(repeatable), as in agentgym eval.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead.")] = False,
 ) -> None:
     """Write transcripts for imitation (SFT) through the rollout engine."""
     import importlib
@@ -111,7 +116,20 @@ def collect_cmd(
                                        max_turns, max_tokens, temperature, concurrency, env_kwargs))
     except AgentGymError as e:
         _fail(str(e))
-    typer.echo(json.dumps(summary, indent=2))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    n, sr = summary["episodes"], summary["success_rate"]
+    typer.echo(f"wrote {n} episodes of {summary['env']} ({summary['split']} split, {summary['tasks']} tasks x "
+               f"{samples}, policy {policy}) to {summary['out']}")
+    typer.echo(f"successful: {summary['successes']} of {n}" + (f" ({100 * sr:.1f}%)" if sr is not None else ""))
+    if relabel or random_prob:
+        typer.echo(f"expert labels: {summary['labelled_states']} states labelled, {summary['relabelled_states']} "
+                   f"differ from the action taken; {summary['random_steps']} random steps")
+    if summary["errors"]:
+        typer.echo(f"warning: {summary['errors']} episodes ended with an error (kept in the file, skipped by SFT)",
+                   err=True)
+    typer.echo(f"train on them: set [data] paths = [\"{summary['out']}\"] in a config with algorithm = \"sft\"")
 
 
 async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: int | None, samples: int, seed: int,
@@ -124,7 +142,7 @@ async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: 
     from agentgym.policy import SamplingParams, capabilities_of
     from agentgym.registration import env_entry
     from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime, micro_batch
-    from agentgym.rollout.collect import CollectWorkflow
+    from agentgym.rollout.collect import CollectWorkflow, relabelled_states
     from agentgym.rollout.jsonl import append_jsonl
 
     env_id = env_entry(env_id).id
@@ -152,22 +170,28 @@ async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: 
                              limits=RolloutLimits(max_turns=max_turns))
         reqs = [GroupRequest(env_id, t.task_id, seed=seed, sampling_seed=seed * 100_003 + i, info={"split": split})
                 for i, t in enumerate(chosen)]
-        n = succ = relabelled = 0
+        n = succ = random_steps = errors = labelled = differ = 0
 
         def on_group(_req: GroupRequest, group: Any) -> None:
-            nonlocal n, succ, relabelled
+            nonlocal n, succ, random_steps, errors, labelled, differ
             append_jsonl(path, group.trajectories)
             for t in group.trajectories:
                 n += 1
                 succ += int(t.success)
-                relabelled += sum(1 for a in t.info.get("acting", []) if a == "random")
+                errors += int(t.error is not None)
+                random_steps += sum(1 for a in t.info.get("acting", []) if a == "random")
+                lab, diff = relabelled_states(t)
+                labelled += lab
+                differ += diff
 
         await RolloutEngine(runtime).run(wf, reqs, on_group=on_group)
     finally:
         runtime.close(wait=False)
         await policy.aclose()
-    return {"out": str(path), "env": env_id, "split": split, "episodes": n, "success_rate": succ / n if n else None,
-            "random_steps": relabelled, "relabel": relabel, "policy": policy_spec, "env_kwargs": dict(env_kwargs or {})}
+    return {"out": str(path), "env": env_id, "split": split, "tasks": len(chosen), "episodes": n, "successes": succ,
+            "success_rate": succ / n if n else None, "errors": errors, "random_steps": random_steps,
+            "labelled_states": labelled, "relabelled_states": differ, "relabel": relabel, "policy": policy_spec,
+            "env_kwargs": dict(env_kwargs or {})}
 
 
 def _make_env(env_kwargs: dict[str, Any], env_id: str) -> Any:

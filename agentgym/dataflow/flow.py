@@ -183,6 +183,7 @@ class DataFlow:
         self.generated_tokens = 0  # in every finished group, kept or not
         self.finished_groups = 0
         self.finished_episodes = 0
+        self.finished_successes = 0  # episodes of every finished group, kept or filtered, that succeeded
         self.gate_stats: dict[str, dict[str, float]] = {}
         self.group_observers: list[Callable[[TrajectoryGroup, dict[str, str | None]], None]] = []
         self.queue: deque[str] = deque()  # requeued ticket ids, submitted before new tasks
@@ -351,6 +352,7 @@ class DataFlow:
                                    "completed": s.completed} for sid, s in self.services.items()},
                 "task_stream": {"epoch": self.stream.epoch, "skipped": self.stream.skipped},
                 "groups": {"finished": self.finished_groups, "episodes": self.finished_episodes,
+                           "successes": self.finished_successes,
                            "generated_tokens": self.generated_tokens,
                            "outcomes": {p: dict(o) for p, o in self.outcomes.items()}},
                 "gates": {g: dict(v) for g, v in self.gate_stats.items()},
@@ -521,6 +523,7 @@ class DataFlow:
         """Outcome counters: tokens generated, and each gate's decisions against the group's outcome."""
         self.finished_groups += 1
         self.finished_episodes += len(group)
+        self.finished_successes += sum(1 for t in group if t.success)
         self.generated_tokens += sum(t.num_generated_tokens for t in group)
         for r in group.gate_records:
             if r.get("action") == "flag":

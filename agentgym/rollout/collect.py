@@ -27,9 +27,33 @@ from agentgym.policy import EnvSidePolicy, Policy, SamplingParams, capabilities_
 from agentgym.rollout.episode import Episode, action_of
 from agentgym.rollout.runtime import RolloutLimits, RolloutRuntime
 from agentgym.rollout.workflow import GroupRequest, run_group
-from agentgym.types import TrajectoryGroup
+from agentgym.types import Message, Trajectory, TrajectoryGroup
 
-__all__ = ["CollectWorkflow"]
+__all__ = ["CollectWorkflow", "label_of", "relabelled_states", "same_action"]
+
+
+def label_of(action: Any) -> Message:
+    """An action (raw text or an assistant message) as an assistant message."""
+    if isinstance(action, dict):
+        return {"role": "assistant", "content": str(action.get("content") or ""),
+                **({"tool_calls": list(action["tool_calls"])} if action.get("tool_calls") else {})}  # type: ignore[typeddict-item]
+    return {"role": "assistant", "content": str(action)}
+
+
+def same_action(a: Message, b: Message) -> bool:
+    """Two assistant messages make the same move (same text and tool calls)."""
+    return a.get("content", "") == b.get("content", "") and (a.get("tool_calls") or []) == (b.get("tool_calls") or [])
+
+
+def relabelled_states(traj: Trajectory) -> tuple[int, int]:
+    """``(labelled, differing)``: states of a transcript the expert labelled, and those whose label differs
+    from the action taken (what the SFT loader trains as branches)."""
+    labels = traj.info.get("labels") or []
+    taken = [m for m in traj.messages if m["role"] == "assistant"]
+    labelled = sum(1 for lb in labels if lb is not None)
+    differ = sum(1 for lb, m in zip(labels, taken, strict=False)
+                 if lb is not None and not same_action(label_of(lb), label_of(m)))
+    return labelled, differ
 
 
 class CollectWorkflow:

@@ -82,19 +82,9 @@ FORBIDDEN_MODULES: dict[str, dict[str, str]] = {
     "policies": {"agentgym.dataflow": "policies never import agentgym.dataflow (the weight types live in the core)"},
 }
 
-# Today's violations, every one in another engineer's area and being removed on their branch. The
-# real-tree test fails on anything not listed here AND on any entry that no longer exists, so this
-# list shrinks to empty as those branches merge: delete an entry in the same change that fixes it.
-KNOWN_VIOLATIONS: set[str] = {
-    # weights engineer: the policies import the wire format from agentgym.dataflow.weightsync
-    # (it moves into a core agentgym/weights.py, below both).
-    "agentgym.policies.vllm -> agentgym.dataflow.weightsync",
-    "agentgym.policies.vllm_worker -> agentgym.dataflow.weightsync",
-    "agentgym.policies.weights -> agentgym.dataflow.weightsync",
-    # weights engineer: runtime.py imports ray_runtime.py (make_runtime) and ray_runtime.py imports
-    # runtime.py (publish_to, ServiceSpec); a dataflow/spec.py below both breaks it.
-    "cycle: agentgym.dataflow.ray_runtime <-> agentgym.dataflow.runtime",
-}
+# Violations tolerated for now (none): the real-tree test fails on anything not listed here AND on any
+# entry that no longer exists, so an entry goes in the same change that fixes it.
+KNOWN_VIOLATIONS: set[str] = set()
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ def recall_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     import tiny_lookup
     import tiny_recall
     from agentgym.policies.scripted import ExpertPolicy
+    from agentgym.recipes import run_training
     from agentgym.trainers.config import validate_config
-    from agentgym.trainers.recipe import run_training
 
     from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
     from agentgym.rollout.collect import CollectWorkflow

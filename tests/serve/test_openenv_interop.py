@@ -161,8 +161,8 @@ def test_train_on_an_openenv_env(openenv_server: Any, tmp_path: Path) -> None:
     """GRPO on an env served by openenv-core's own server, through RemoteEnv: the trainer needs no change."""
     import sys
 
+    from agentgym.recipes import run_training
     from agentgym.trainers.config import validate_config
-    from agentgym.trainers.recipe import run_training
 
     trainers_dir = str(Path(__file__).resolve().parents[1] / "trainers")
     if trainers_dir not in sys.path:

@@ -27,41 +27,16 @@ def tiny_tokenizer(tiny_model: str) -> Any:
     return load_tokenizer(tiny_model)
 
 
-def protocol_demos(out: Path) -> Path:
-    """Transcripts of the protocol-only demonstrator, collected through the rollout engine."""
-    import asyncio
-
-    import tiny_lookup
-    from agentgym.policies.scripted import ScriptedPolicy
-
-    from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
-    from agentgym.rollout.collect import CollectWorkflow
-    from agentgym.rollout.jsonl import write_jsonl
-
-    async def run() -> list[Any]:
-        rt = RolloutRuntime(16)
-        try:
-            env = tiny_lookup.TinyLookupEnv()
-            wf = CollectWorkflow(ScriptedPolicy(tiny_lookup.gullible_demonstrator), 4, limits=RolloutLimits(max_turns=3))
-            reqs = [GroupRequest(tiny_lookup.ENV_ID, t.task_id, seed=0) for t in env.tasks("train")]
-            return await RolloutEngine(rt).run(wf, reqs)
-        finally:
-            rt.close()
-
-    groups = asyncio.run(run())
-    write_jsonl(out, [t for g in groups for t in g])
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny model after a short SFT on the gullible demonstrator's transcripts: it answers with what
     a tool returned, but mostly asks the wrong tool (held-out success near chance)."""
+    import tiny_lookup
+    from agentgym.recipes import run_training
     from agentgym.trainers.config import validate_config
-    from agentgym.trainers.recipe import run_training
 
     root = tmp_path_factory.mktemp("tiny-sft")
-    demos = protocol_demos(root / "demos.jsonl")
+    demos = tiny_lookup.protocol_demos(root / "demos.jsonl")
     cfg = validate_config({
         "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 100, "seed": 0, "threads": 2},
         "model": {"path": tiny_model},

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentgym.recipes import run_training
 from agentgym.trainers.config import validate_config
-from agentgym.trainers.recipe import run_training
 
 STEPS = 20
 

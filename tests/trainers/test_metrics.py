@@ -20,8 +20,8 @@ def test_jsonl_tensorboard_and_png(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[2]["rollout/reward_mean"] == pytest.approx(0.2) and rows[0]["train/grad_norm"] == "nan"
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
-    png = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
-    assert png is not None and png.stat().st_size > 1000
+    drawn = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
+    assert drawn is not None and drawn[0].stat().st_size > 1000
     with open(tmp_path / "metrics.jsonl", "a") as fh:  # a torn last line (crash mid-write) is skipped
         fh.write('{"step": 3, "rollout/rew')
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 3

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from agentgym.recipes import run_training
 from agentgym.trainers.config import TrainConfig, validate_config
-from agentgym.trainers.recipe import run_training
 
 HERE = Path(__file__).resolve().parent
 
@@ -156,12 +156,12 @@ def test_time_budget_stops_the_run_then_evaluates(tiny_model: str, tmp_path: Pat
 
 
 def test_a_second_run_on_the_same_folder_is_refused(tiny_model: str, tmp_path: Path) -> None:
-    from agentgym.trainers.recipe import Recipe
+    from agentgym.recipes.rl import RLRecipe
 
     from agentgym.errors import ConfigurationError
 
-    first = Recipe(_cfg(tiny_model, tmp_path, 1))
-    first._lock_out_dir()  # as setup does first; held until cleanup
+    first = RLRecipe(_cfg(tiny_model, tmp_path, 1))
+    first.folder.lock()  # as setup does first; held until cleanup
     try:
         (tmp_path / "curves.png").write_bytes(b"the first run's")
         with pytest.raises(ConfigurationError, match=rf"in use by another training run \(pid {os.getpid()}\)"):

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 import torch
+from agentgym.recipes import run_training
 from agentgym.trainers.batching import TrainSample
 from agentgym.trainers.config import TrainConfig, load_train_config, validate_config
 from agentgym.trainers.model import load_causal_lm
-from agentgym.trainers.recipe import policy_batches, recipe_steps, run_training, trained_at
+from agentgym.trainers.run import policy_batches, policy_paths, sft_steps, trained_at
 from agentgym.trainers.trainer import PolicyTrainer, lr_factor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,10 +43,19 @@ def _record_lrs(tr: PolicyTrainer) -> list[float]:
     return used
 
 
+def _plan(cfg: TrainConfig) -> tuple[int, list[str], dict[str, int]]:
+    """Recipe steps, policies and batches per policy, computed as the recipes do (recipes/sft.py, rl.py)."""
+    pids = list(policy_paths(cfg.model, cfg.multi))
+    if cfg.run.algorithm == "sft":
+        steps = sft_steps(cfg.run, cfg.data, SFT_SAMPLES)
+        return steps, pids, {pids[0]: steps}
+    return cfg.run.steps, pids, policy_batches(cfg.run.steps, pids, cfg.multi.schedule)
+
+
 def _run_schedule(cfg: TrainConfig, tiny_model: str, tok: Any, empty_every: int = 0) -> list[tuple[PolicyTrainer, list[float], list[int]]]:
     """Drive one trainer per policy through the whole run as the recipe does (same batch counts, same
     policies per step); every ``empty_every``-th batch comes back with nothing to train (all filtered)."""
-    batches = policy_batches(cfg, SFT_SAMPLES)
+    steps, pids, batches = _plan(cfg)
     out = []
     for pid, n in batches.items():
         torch.manual_seed(0)
@@ -56,8 +66,8 @@ def _run_schedule(cfg: TrainConfig, tiny_model: str, tok: Any, empty_every: int 
         samples = _samples(tok, max(2, per))
         slots: list[int] = []  # schedule positions of the steps taken
         k = 0
-        for step in range(recipe_steps(cfg, SFT_SAMPLES)):
-            if pid not in trained_at(cfg, step):
+        for step in range(steps):
+            if pid not in trained_at(pids, cfg.multi.schedule, step):
                 continue
             empty = empty_every and k % empty_every == empty_every - 1
             if not empty:
@@ -107,7 +117,7 @@ def _shipped(path: Path, overrides: list[str]) -> TrainConfig:
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs" / "train")))
 def test_schedule_spans_every_shipped_run(path: Path, tiny_model: str, tiny_tokenizer: Any) -> None:
     cfg = _shipped(path, [])
-    steps = recipe_steps(cfg, SFT_SAMPLES)
+    steps, _, _ = _plan(cfg)
     if cfg.run.algorithm == "sft" and cfg.run.steps == 0:
         assert steps == math.ceil(SFT_SAMPLES / cfg.data.batch_size) * cfg.data.epochs
     for tr, used, slots in _run_schedule(cfg, tiny_model, tiny_tokenizer):
@@ -159,8 +169,9 @@ def test_cosine_needs_the_run_length(tiny_model: str) -> None:
 def test_alternating_policies_split_the_steps() -> None:
     cfg = validate_config({"run": {"steps": 5}, "model": {"finetune": "lora"},
                            "multi": {"workflow": "solver_verifier", "schedule": "alternating"}})
-    assert policy_batches(cfg) == {"solver": 3, "verifier": 2}
-    assert [trained_at(cfg, s) for s in range(3)] == [["solver"], ["verifier"], ["solver"]]
+    assert _plan(cfg)[2] == {"solver": 3, "verifier": 2}
+    assert [trained_at(["solver", "verifier"], "alternating", s) for s in range(3)] == [["solver"], ["verifier"], ["solver"]]
+    assert trained_at(["solver", "verifier"], "concurrent", 1) == ["solver", "verifier"]
 
 
 def _lrs(out: Path) -> list[tuple[int, float, int]]:
@@ -171,7 +182,7 @@ def _lrs(out: Path) -> list[tuple[int, float, int]]:
 def test_sft_run_over_epochs_decays_to_its_last_step(tiny_model: str, tmp_path: Path) -> None:
     """``run.steps = 0`` (SFT over ``data.epochs``): the cosine schedule spans every batch of every epoch.
     Before the fix the horizon was 1, so every step after the warmup trained at learning rate 0."""
-    from conftest import protocol_demos
+    from tiny_lookup import protocol_demos
 
     demos = protocol_demos(tmp_path / "demos.jsonl")
     cfg = validate_config({

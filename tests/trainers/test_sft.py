@@ -95,12 +95,21 @@ def test_collect_workflow_relabels_random_moves() -> None:
 
 def test_collect_cli_writes_transcripts(tmp_path: Path) -> None:
     out = tmp_path / "demo.jsonl"
-    res = subprocess.run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/ALFWorld-v0", "--policy",
-                          "expert", "--relabel", "--random-prob", "0.3", "--tasks", "3", "--max-turns", "40",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    args = [sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/ALFWorld-v0", "--policy", "expert",
+            "--relabel", "--random-prob", "0.3", "--tasks", "3", "--max-turns", "40", "--out", str(out)]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    summary = json.loads(res.stdout)
-    assert summary["episodes"] == 3 and summary["random_steps"] > 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # what it wrote, said plainly (not "{}"): episodes, successes, the labels, the file
+    labelled = sum(len(r["info"]["labels"]) for r in rows)
+    random_steps = sum(a == "random" for r in rows for a in r["info"]["acting"])
+    succ = sum(bool(r["success"]) for r in rows)
+    assert f"wrote 3 episodes of agentgym/ALFWorld-v0 (train split, 3 tasks x 1, policy expert) to {out}" in res.stdout
+    assert f"successful: {succ} of 3 ({100 * succ / 3:.1f}%)" in res.stdout
+    assert f"expert labels: {labelled} states labelled" in res.stdout and f"{random_steps} random steps" in res.stdout
+    assert random_steps > 0
+    summary = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert summary["episodes"] == 3 and summary["out"] == str(out) and summary["labelled_states"] > 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     for r in rows:
         n_asst = sum(1 for m in r["messages"] if m["role"] == "assistant")

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentgym.recipes import run_training
 from agentgym.trainers.batching import collate, samples_from_groups
 from agentgym.trainers.config import TrainConfig, load_train_config, validate_config
 from agentgym.trainers.metrics import flow_counters, gate_metrics
-from agentgym.trainers.recipe import run_training
 
 from agentgym.errors import ConfigurationError
 from agentgym.registration import env_entry
@@ -195,7 +195,7 @@ def test_pilot_runs_the_pilot_only_where_it_shows_no_variance(tiny_model: str, t
 
 def test_prioritized_replay_weights_reach_the_loss(tiny_sft_model: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import agentgym.trainers.recipe as recipe
+    import agentgym.recipes.rl as recipe
 
     seen: list[tuple[list[str], list[float]]] = []
     real = recipe.samples_from_groups

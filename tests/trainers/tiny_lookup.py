@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from agentgym.core import AgentEnv
 from agentgym.registration import register_env
@@ -150,4 +151,29 @@ def build_tiny_model(out: str | Path, *, hidden: int = 64, layers: int = 2, head
     model.generation_config.eos_token_id = fast.eos_token_id
     model.generation_config.pad_token_id = fast.pad_token_id
     model.save_pretrained(str(out))
+    return out
+
+
+def protocol_demos(out: Path) -> Path:
+    """Transcripts of the protocol-only demonstrator, collected through the rollout engine."""
+    import asyncio
+
+    from agentgym.policies.scripted import ScriptedPolicy
+
+    from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
+    from agentgym.rollout.collect import CollectWorkflow
+    from agentgym.rollout.jsonl import write_jsonl
+
+    async def run() -> list[Any]:
+        rt = RolloutRuntime(16)
+        try:
+            env = TinyLookupEnv()
+            wf = CollectWorkflow(ScriptedPolicy(gullible_demonstrator), 4, limits=RolloutLimits(max_turns=3))
+            reqs = [GroupRequest(ENV_ID, t.task_id, seed=0) for t in env.tasks("train")]
+            return await RolloutEngine(rt).run(wf, reqs)
+        finally:
+            rt.close()
+
+    groups = asyncio.run(run())
+    write_jsonl(out, [t for g in groups for t in g])
     return out

@@ -1,0 +1,358 @@
+"""The RL recipe: GRPO, Dr.GRPO, RLOO and DAPO on rollouts (``algorithm = "grpo"``), read top to bottom.
+
+The estimators and DAPO's pieces are config, not code paths: ``[advantage] estimator`` (grpo / dr_grpo /
+rloo), ``[loss]`` (clip-higher, token-sum aggregation, KL, truncated importance sampling), ``[filter]``
+(dynamic sampling, overlong penalty). ``[multi]`` trains two policies at once (solver + verifier).
+
+::
+
+    setup     run folder (locked), seeds
+              model:    one PolicyTrainer per policy (full or LoRA, separate models or adapters on one base);
+                        each LR schedule spans run.steps x loss.epochs x loss.mini_batches optimizer steps
+              rollout:  training tasks -> the dataflow runtime (embedded or Ray) and its rollout services,
+                        each with rollout policies of its own
+              eval:     eval policies of their own (or rollout service 0's: eval.share_rollout_engine)
+              resume from the newest checkpoint (run.resume), or start a fresh curve
+    train     start the services (a resumed run first brings them to its weights); evaluate before
+              each step: pull a batch per policy (the services roll out meanwhile; progress is printed)
+                         -> samples with advantages -> train_on (loss.epochs x loss.mini_batches optimizer steps)
+                         -> publish version v+1 to every service -> log; evaluate every eval.every steps;
+                         checkpoint every run.checkpoint_every steps
+              evaluate after; final/ (a model folder the next stage loads)
+    cleanup   stop the services and eval engines, draw curves.png, write result.json, release the folder
+
+``dataflow.max_staleness = 0`` (the default) is the synchronous schedule (roll out a batch, train, publish,
+repeat); ``max_staleness = k`` lets the services run up to ``k`` versions ahead. Same code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agentgym.trainers.batching import samples_from_groups
+from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.memory import memory_metrics
+from agentgym.trainers.metrics import (
+    GroupLog,
+    MetricsLogger,
+    RolloutProgress,
+    eval_line,
+    flow_counters,
+    plot_curves,
+    step_line,
+)
+from agentgym.trainers.publish import publish_weights, resume_state, trainable_state
+from agentgym.trainers.run import (
+    RunFolder,
+    StopControl,
+    import_modules,
+    policy_batches,
+    policy_paths,
+    seed_everything,
+    trained_at,
+)
+from agentgym.trainers.trainer import PolicyTrainer, build_trainers
+
+from agentgym.errors import ConfigurationError
+from agentgym.weights import WeightPublisher
+
+from .components import (
+    close_policies,
+    env_factory,
+    eval_metrics,
+    evaluate,
+    rollout_policy,
+    rollout_runtime,
+    service_workflows,
+    train_tasks,
+    workflow,
+)
+
+__all__ = ["RLRecipe"]
+
+
+class RLRecipe:
+    """One RL run (see the module docstring).
+
+    Args:
+        cfg: The validated config (``run.algorithm = "grpo"``).
+        env_factory: ``env_id -> env`` for the rollout services (default: the registry, with
+            ``rollout.env_kwargs``).
+        on_step: Called with each step's flat metrics (tests, notebooks).
+    """
+
+    def __init__(self, cfg: TrainConfig, *, env_factory: Callable[[str], Any] | None = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.make_env = env_factory
+        self.on_step = on_step
+        self.folder = RunFolder(cfg.run.out_dir)
+        self.step = 0
+        self.version = 0  # weight version the services hold (one more per step that updated anything)
+        self.result: dict[str, Any] = {}
+        self.trainers: dict[str, PolicyTrainer] = {}
+        self.publishers: dict[str, WeightPublisher] = {}
+        self.eval_policies: dict[str, Any] = {}
+        self.runtime: Any = None
+        self.services: list[Any] = []
+        self.logger: MetricsLogger | None = None
+        self.stop = StopControl(cfg.run.time_budget_s)
+        self._flow_state: dict[str, Any] | None = None
+
+    # ================================================================== setup
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.folder.lock()
+        seed_everything(cfg.run)
+        self.folder.write_config(cfg)
+        import_modules(cfg.rollout.imports)
+        from agentgym.policies.models import load_tokenizer, resolve_model
+
+        self.tokenizer = load_tokenizer(resolve_model(cfg.model.path))
+        # model: a trainer per policy, and what it publishes to the rollout policies
+        self.paths = policy_paths(cfg.model, cfg.multi)
+        self.policies = list(self.paths)
+        self.trainers = build_trainers(cfg.model, self.paths, algorithm="grpo", optim=cfg.optim, loss=cfg.loss,
+                                       batches=policy_batches(cfg.run.steps, self.policies, cfg.multi.schedule),
+                                       seed=cfg.run.seed, shared_base=cfg.multi.shared_base, kl_coef=cfg.loss.kl_coef)
+        r = cfg.rollout
+        dtype = r.rollout_dtype or ("bfloat16" if r.backend == "vllm" else cfg.model.dtype)
+        # the one publisher per policy encodes in the rollout policies' dtype (agentgym.weights)
+        self.publishers = {pid: WeightPublisher(dtype=dtype) for pid in self.trainers}
+        # eval: policies of their own unless the config lends rollout service 0's
+        e = cfg.eval
+        if e.before or e.after or e.every:  # the first policy is evaluated; service 0 needs all when lent
+            lent = e.share_rollout_engine
+            self.eval_policies = {pid: rollout_policy(r, cfg.model, pid, path, cfg.run.seed)
+                                  for pid, path in self.paths.items() if lent or pid == self.policies[0]}
+        # rollout: the training tasks, the dataflow runtime and its services
+        make_env = self.make_env or env_factory(r)
+        self.runtime = rollout_runtime(cfg, tasks=train_tasks(r, cfg.run.seed, make_env), policies=self.policies)
+        if cfg.log.groups:
+            if cfg.dataflow.runtime != "embedded":
+                raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
+                                         "available with dataflow.runtime = 'ray'")
+            self.runtime.flow.group_observers.append(GroupLog(self.folder.path / "groups.jsonl", self))
+        self.services = self.service_specs(make_env)
+        # resume, or a fresh curve
+        ck = latest_checkpoint(self.folder.path) if cfg.run.resume else None
+        if ck is None:
+            self.folder.fresh_start()
+        else:
+            state = load_checkpoint(ck, self.trainers)
+            self.step = int(state["step"])
+            self.version = int(state.get("version", 0))
+            self.result = dict(state.get("result", self.result))
+            self._flow_state = state.get("dataflow")
+        self.logger = MetricsLogger(self.folder.path, cfg.run.steps, tensorboard=cfg.log.tensorboard,
+                                    progress=cfg.log.progress, start_step=self.step)
+        self.stop.note = self.logger.note
+        if ck is not None:
+            self.logger.note(f"resumed from {ck} at step {self.step}")
+
+    def service_specs(self, make_env: Callable[[str], Any]) -> list[Any]:
+        """One spec per rollout service: each builds its own policies where it runs (a Ray actor too), except
+        that with ``eval.share_rollout_engine`` service 0 serves on the eval policies."""
+        from agentgym.dataflow import ServiceSpec
+
+        cfg, r, d = self.cfg, self.cfg.rollout, self.cfg.dataflow
+        own = functools.partial(service_workflows, r, cfg.model, cfg.multi, cfg.gate, cfg.pilot, self.paths,
+                                cfg.run.seed)
+        specs = []
+        for i in range(d.services):
+            lent = i == 0 and cfg.eval.share_rollout_engine and bool(self.eval_policies)
+            factory: Any = own
+            if lent:
+                factory = functools.partial(dict, default=workflow(r, cfg.multi, cfg.gate, cfg.pilot, self.eval_policies))
+            res = d.service_resources[i] if i < len(d.service_resources) else None
+            # a service that built its own policies closes them (its vLLM engine) when it stops
+            specs.append(ServiceSpec(f"rollout-{i}", factory, capacity=d.service_capacity or r.groups_per_step,
+                                     max_concurrency=r.concurrency, env_factory=make_env, resources=res,
+                                     close_policies=not lent))
+        return specs
+
+    # ================================================================== train
+    def train(self) -> dict[str, Any]:
+        """Run to ``run.steps`` (Ctrl-C stops after the current step and leaves a checkpoint)."""
+        with self.stop.handling_sigint():
+            return asyncio.run(self._train())
+
+    async def _train(self) -> dict[str, Any]:
+        await self.start_rollout()
+        try:
+            return await self._loop()
+        finally:
+            await self.runtime.stop()
+
+    async def start_rollout(self) -> None:
+        """Start the runtime and its services; a resumed run brings every service to its weights first."""
+        full = resume_state(self.version, self.publishers, self.trainers) if self.version else None
+        if self._flow_state is not None:
+            await self.runtime.load_state_dict(self._flow_state)
+        await self.runtime.start()
+        for spec in self.services:
+            await self.runtime.add_service(spec, weights=full)
+
+    async def _loop(self) -> dict[str, Any]:
+        cfg, logger = self.cfg, self.logger
+        assert logger is not None
+        t_run = time.monotonic()
+        self.stop.start()
+        if cfg.eval.before and self.step == 0 and "before" not in self.result:
+            self.result["before"] = await self.evaluate("before")
+            logger.log(0, {"eval": eval_metrics(self.result["before"])})
+        while self.step < cfg.run.steps and not self.stop.requested:
+            rec = await self.rl_step()
+            self.step += 1
+            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.run.steps:
+                rec["eval"] = eval_metrics(await self.evaluate(f"step-{self.step:06d}"))
+            rec["elapsed_s"] = time.monotonic() - t_run
+            rec["mem"] = memory_metrics()
+            flat = logger.log(self.step - 1, rec) if (self.step - 1) % cfg.log.log_every == 0 else rec
+            if self.on_step is not None:
+                self.on_step(flat)
+            over_budget = self.stop.over_budget() and self.step < cfg.run.steps
+            if over_budget:
+                logger.note(f"time budget of {cfg.run.time_budget_s:.0f} s spent after step {self.step} of "
+                            f"{cfg.run.steps}: stopping")
+                self.result["stopped_by_time_budget_at_step"] = self.step
+            if (self.step % cfg.run.checkpoint_every == 0 or self.step == cfg.run.steps or self.stop.requested
+                    or over_budget):
+                await self.checkpoint()
+            if over_budget:
+                break
+        if self.stop.requested:
+            self.result["interrupted_at_step"] = self.step
+            return self.result
+        if cfg.eval.after:
+            self.result["after"] = await self.evaluate("after")
+            logger.log(cfg.run.steps, {"eval": eval_metrics(self.result["after"])})
+        self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
+        self.result["steps"] = self.step
+        self.result["lr_schedule"] = {pid: {"horizon": tr.horizon, "spent": tr.schedule_pos, "optimizer_steps": tr.steps}
+                                      for pid, tr in self.trainers.items()}
+        st = await self.runtime.stats()
+        self.result["dataflow"] = {k: st.get(k) for k in ("groups", "task_stream", "replay")}
+        self.result["dataflow"]["gates"] = flow_counters(st)["gates"]
+        await self.checkpoint()
+        self.folder.save_final(self.trainers, self.tokenizer, shared_base=self.cfg.multi.shared_base)
+        return self.result
+
+    # ================================================================== one step
+    async def rl_step(self) -> dict[str, Any]:
+        """Pull a batch per policy, train the policies this step trains, publish, report."""
+        assert self.logger is not None
+        cfg, runtime = self.cfg, self.runtime
+        t0 = time.monotonic()
+
+        async def pull() -> dict[str, Any]:
+            return {pid: await runtime.get_batch(pid) for pid in self.policies}
+
+        every = cfg.log.progress_every_s if cfg.log.progress else 0
+        batches, delta = await RolloutProgress(runtime.stats, self.logger.note, every).watch(
+            f"step {self.step + 1}/{cfg.run.steps}", pull())
+        t1 = time.monotonic()
+        pids = trained_at(self.policies, cfg.multi.schedule, self.step)
+        parallel = len(pids) > 1 and not cfg.multi.shared_base  # separate models: train side by side
+        results = await asyncio.gather(*(self.train_policy(pid, batches[pid], parallel) for pid in pids))
+        per = dict(zip(pids, results, strict=True))
+        updated = [pid for pid, m in per.items() if m["train"].get("optimizer_steps", 0) > 0]
+        t2 = time.monotonic()
+        rec: dict[str, Any] = {}
+        if updated:
+            self.version += 1
+            rec["publish"] = await self.publish(self.version)
+        else:  # a step without an update still frees the staleness budget for the next batch
+            for pid in self.policies:
+                await runtime.step_done(pid)
+        t3 = time.monotonic()
+        rec.update(next(iter(per.values())) if len(self.policies) == 1 else per)
+        rec["filter"] = {"dropped_groups": sum(b.filtered for b in batches.values())}
+        rec["rollout_all"] = delta.to_metrics()  # every group finished during the step, kept or filtered
+        rec["flow"] = flow_counters(await runtime.stats())
+        rec["version"] = self.version
+        rec["time"] = {"rollout_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2, "step_s": t3 - t0}
+        if cfg.log.progress or len(updated) < len(per):  # a step without an update is always reported
+            self.logger.note(step_line(self.step + 1, cfg.run.steps, per if len(per) > 1 else rec, delta))
+        return rec
+
+    async def train_policy(self, pid: str, batch: Any, in_thread: bool) -> dict[str, Any]:
+        """Advantages, samples and ``train_on`` for ``pid`` on its batch; returns its metrics."""
+        cfg, tr = self.cfg, self.trainers[pid]
+        f = cfg.filter
+        # a stable order, whatever finished first; replayed groups carry their importance weight
+        pairs = sorted(zip(batch.all_groups, batch.group_weights, strict=True), key=lambda gw: gw[0].group_id)
+        samples, stats = samples_from_groups(
+            [g for g, _ in pairs], pid, group_weights=[w for _, w in pairs], estimator=cfg.advantage.estimator,
+            eps=cfg.advantage.eps, mask_truncated=f.mask_truncated, overlong_max_tokens=f.overlong_max_tokens,
+            overlong_buffer=f.overlong_buffer, overlong_penalty_value=f.overlong_penalty)
+        m: dict[str, Any] = {"rollout": stats.to_metrics(),
+                             "dataflow": {"groups": len(batch.groups), "replayed": len(batch.replayed),
+                                          "filtered": batch.filtered, "expired": batch.expired, "wait_s": batch.wait_s,
+                                          "replay_weight_mean": (sum(batch.replay_weights) / len(batch.replay_weights)
+                                                                 if batch.replay_weights else None),
+                                          "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
+        if not samples:  # no update; the batch still spends its share of the learning-rate schedule
+            why = (f"every group was filtered: {batch.filtered} dropped by the dataflow filters; of the "
+                   f"{stats.groups} in the batch, {stats.zero_variance_groups} zero-variance, "
+                   f"{stats.early_stopped_groups} early-stopped, {stats.error_episodes} lost episodes")
+            m["train"] = {**tr.train_on([]), "skipped": "all groups filtered", "skip_reason": why}
+        elif in_thread:
+            m["train"] = await asyncio.to_thread(tr.train_on, samples)
+        else:
+            m["train"] = tr.train_on(samples)
+        return m
+
+    # ================================================================== publish, evaluate, checkpoint
+    async def publish(self, version: int) -> dict[str, Any]:
+        """Send every trainer's new weights as ``version`` to the rollout services (the one place weights
+        leave this recipe; a service that is behind gets the full state, one that cannot apply it is taken out)."""
+        out = await publish_weights(version, self.publishers, self.trainers, self.runtime, {})
+        return out if len(out) != 1 else next(iter(out.values()))
+
+    async def evaluate(self, stage: str) -> dict[str, Any]:
+        """Held-out evaluation of the first policy (the solver, alone, in a multi-policy run) at the current
+        version; eval policies of their own are brought to it first."""
+        assert self.logger is not None
+        pid = self.policies[0]
+        policy = self.eval_policies[pid]
+        lent = self.cfg.eval.share_rollout_engine  # service 0's policy: published to with every step
+        if not lent and self.version > getattr(policy, "weight_version", 0):
+            tr = self.trainers[pid]
+            full = WeightPublisher(self.publishers[pid].dtype).publish(trainable_state(tr.model, tr.adapter), self.version)
+            await asyncio.to_thread(full.deliver, policy)
+        res = await evaluate(policy, self.cfg.eval, self.cfg.rollout, self.folder.path / "eval" / stage)
+        res["version"] = self.version
+        self.logger.note(eval_line(stage, res))
+        return res
+
+    async def checkpoint(self) -> None:
+        flow = await self.runtime.state_dict()
+        save_checkpoint(self.folder.path, self.step, self.trainers,
+                        {"version": self.version, "result": self.result, "data_position": self.step, "dataflow": flow,
+                         "algorithm": "grpo"}, keep=self.cfg.run.keep_checkpoints)
+
+    # ================================================================== cleanup
+    def cleanup(self) -> None:
+        """Close the eval engines, draw the curves, write result.json; release the run folder (the services
+        stopped with the runtime at the end of :meth:`train`)."""
+        if not self.folder.locked:
+            return  # setup never got the folder: nothing of ours is in it
+        try:
+            if self.logger is not None:
+                self.logger.close()
+            close_policies(self.eval_policies)
+            self.eval_policies = {}
+            if self.cfg.log.plot and (self.folder.path / "metrics.jsonl").is_file():
+                drawn = plot_curves(self.folder.path / "metrics.jsonl", self.folder.path / "curves.png")
+                if drawn is not None:
+                    self.result["curves_png"] = str(drawn[0])
+            if self.result:
+                self.folder.write_result(self.result)
+        finally:
+            self.folder.release()
