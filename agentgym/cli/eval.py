@@ -280,7 +280,7 @@ def register(app: typer.Typer) -> None:
                                            "(ALFWorld: valid_unseen). Per env: test,agentgym/ALFWorld-v0=valid_seen")] = "test",
         tasks: Annotated[int | None, typer.Option(help="Tasks per env (default: the whole split).")] = None,
         samples: Annotated[int, typer.Option(help="Episodes per task and seed (the k of pass@k).")] = 1,
-        seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2 or 0-4; CIs are over seeds.")] = "0",
+        seeds: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2 or 0-4 (CIs resample tasks, keeping their seeds together).")] = "0",
         max_turns: Annotated[int | None, typer.Option(help="Turns per episode (default: the env's limit).")] = None,
         max_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 256,
         max_total_tokens: Annotated[int | None, typer.Option(help="Prompt+generated tokens per episode.")] = None,
