@@ -23,7 +23,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["bootstrap_over_tasks", "clip", "mean_ci", "paired_difference", "pass_at_k", "success_interval",
+__all__ = ["bootstrap_over_tasks", "clip", "mean_ci", "paired_difference", "pass_at_k", "ratio_ci", "success_interval",
            "t_quantile_975", "wilson_interval"]
 
 N_BOOT = 10_000
@@ -62,6 +62,21 @@ def mean_ci(values: Sequence[float]) -> dict[str, Any]:
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
     h = t_quantile_975(n - 1) * sd / math.sqrt(n)
     return {"mean": m, "std": sd, "n": n, "ci95": [m - h, m + h]}
+
+
+def ratio_ci(ratios: Sequence[float]) -> dict[str, Any]:
+    """Geometric mean of positive per-round ratios (e.g. time of A / time of B in paired rounds) with a 95%
+    Student-t interval over the rounds' logs: never negative, symmetric in which side is on top.
+
+    Returns ``{"mean", "ci95", "per_round"}`` (``ci95`` ``None`` for fewer than two rounds).
+    """
+    if any(r <= 0 for r in ratios):
+        raise ValueError("ratios must be positive")
+    r = mean_ci([math.log(x) for x in ratios])
+    if r["mean"] is None:
+        return {"mean": None, "ci95": None, "per_round": []}
+    return {"mean": math.exp(r["mean"]), "ci95": [math.exp(x) for x in r["ci95"]] if r["ci95"] else None,
+            "per_round": list(ratios)}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float] | None:

@@ -13,6 +13,7 @@ from agentgym.eval.stats import (
     mean_ci,
     paired_difference,
     pass_at_k,
+    ratio_ci,
     success_interval,
     t_quantile_975,
     wilson_interval,
@@ -125,3 +126,15 @@ def test_paired_difference_excludes_zero_on_a_clear_effect_and_includes_it_on_no
     part = paired_difference({("t0", 0): 0.0, ("t1", 0): 0.0}, {("t0", 0): 1.0, ("t2", 0): 1.0})
     assert part["pairs"] == 1 and part["mean"] == 1.0 and part["ci95"] == [1.0, 1.0]
     assert paired_difference({}, {})["ci95"] is None
+
+
+def test_ratio_ci_is_a_geometric_interval() -> None:
+    r = ratio_ci([2.0, 2.0, 2.0])
+    assert r["mean"] == pytest.approx(2.0) and r["ci95"] == pytest.approx([2.0, 2.0])
+    spread = ratio_ci([1.0, 4.0])
+    assert spread["mean"] == pytest.approx(2.0) and 0 < spread["ci95"][0] < 1.0 < 4.0 < spread["ci95"][1]
+    inv = ratio_ci([1.0, 0.25])  # the same rounds, the other side on top: the reciprocal interval
+    assert inv["ci95"] == pytest.approx([1 / spread["ci95"][1], 1 / spread["ci95"][0]])
+    assert ratio_ci([3.0])["ci95"] is None
+    with pytest.raises(ValueError):
+        ratio_ci([1.0, -1.0])
