@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
+
 from agentgym.dataflow.flow import DataflowConfig
 from agentgym.dataflow.runtime import EmbeddedRuntime, ServiceSpec
 from agentgym.dataflow.tasks import TaskRef
@@ -273,6 +275,7 @@ def main() -> None:
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     for section in args.sections.split(","):
         print(f"== {section}", flush=True)
+        prov = Provenance.start()
         t0 = os.getloadavg()
         if section == "elastic":
             res = asyncio.run(elastic(args.quick, args.latency, args.skip_vllm))
@@ -288,6 +291,7 @@ def main() -> None:
                           + (f" --staleness {args.staleness}" if section == "async" and args.staleness != "0,1,2,4" else "")
                           + (" --skip-vllm" if section == "elastic" and args.skip_vllm else ""))
         res["loadavg_start_end"] = [t0[0], os.getloadavg()[0]]
+        res["provenance"] = prov.finish()
         results[section] = res
         if section == "async":
             plot_async(res, PLOT)

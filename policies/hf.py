@@ -79,6 +79,10 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
            "float16": "float16", "fp16": "float16", "auto": "auto"}
 
 
+def _vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
 def cpu_has_native_bf16() -> bool:
     """True if this CPU has bf16 matrix instructions (AMX or AVX512-BF16)."""
     try:
@@ -773,7 +777,7 @@ class HFPolicy(PolicyLifecycle):
             return
         self._hinted = True
         rate = self._sampled / self._busy_s
-        if rate < _HINT_BELOW_TOK_S and importlib.util.find_spec("vllm") is not None:
+        if rate < _HINT_BELOW_TOK_S and _vllm_installed():
             log.warning("HFPolicy generates %.0f tokens/s on this CPU; vLLM is installed and batches faster here: "
                         "use --policy vllm:%s (training: rollout.backend = \"vllm\")", rate, self._model_name)
 

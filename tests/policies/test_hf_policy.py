@@ -358,3 +358,19 @@ async def test_the_prefix_cache_stays_under_its_budget(smollm2_path: str, hf_pol
     c = small.prefix_cache
     assert c.counters["evicted"] >= 1 and c.tokens * per_token == c.bytes <= budget
     await small.aclose()
+
+
+async def test_a_slow_cpu_policy_says_once_to_use_vllm(hf_policy: Any, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from agentgym.policies import hf
+
+    monkeypatch.setattr(hf, "_HINT_AFTER_S", 0.0)  # judge the rate at once
+    monkeypatch.setattr(hf, "_HINT_BELOW_TOK_S", 1e9)  # and call any rate slow
+    for installed in (False, True):
+        monkeypatch.setattr(hf_policy, "_hinted", False)
+        monkeypatch.setattr(hf, "_vllm_installed", lambda installed=installed: installed)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="agentgym.policies.hf"):
+            await hf_policy.generate([_req(QUESTIONS[2], max_tokens=2)] * 2)
+        hints = [r for r in caplog.records if "vllm:" in r.getMessage()]
+        assert len(hints) == (1 if installed else 0), caplog.text
