@@ -264,7 +264,7 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
                                  results=results)
         arms[arm] = {
             "config": f"configs/train/strategies/{ARMS[arm][0]}", "extra_sets": ARMS[arm][1], "compared_with": ARMS[arm][2],
-            "gate": (json.loads((RUN / arm / f"seed{runs[0]['seed']}" / "config.json").read_text()).get("gate")
+            "gate": (json.loads((run_root / arm / f"seed{runs[0]['seed']}" / "config.json").read_text()).get("gate")
                      if arm.startswith("gate") else None),
             "seeds": [r["seed"] for r in runs],
             "train_wall_s": t_ci([r["train_wall_s"] for r in runs], 0.0),

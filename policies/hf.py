@@ -554,8 +554,8 @@ class HFPolicy(PolicyLifecycle):
                         break
                     pending.append(nxt)
                 pending = [r for r in pending if not self._skip(r)]
-                t0 = time.perf_counter()
                 with self._lock, torch.inference_mode():
+                    t0 = time.perf_counter()  # after the lock: time a trainer holds it is not generation time
                     logits: list[Any] = []
                     if self._active:
                         logits.append(self._decode_step())
@@ -564,8 +564,9 @@ class HFPolicy(PolicyLifecycle):
                         self._active += pending
                     if logits:
                         self._sample(torch.cat(logits) if len(logits) > 1 else logits[0])
+                    busy = time.perf_counter() - t0
                 self._retire()
-                self._note_speed(time.perf_counter() - t0)
+                self._note_speed(busy)
             except Exception as e:  # a failing step fails its rows, never the loop
                 for r in self._active:
                     r.error = e
@@ -778,7 +779,7 @@ class HFPolicy(PolicyLifecycle):
         self._hinted = True
         rate = self._sampled / self._busy_s
         if rate < _HINT_BELOW_TOK_S and _vllm_installed():
-            log.warning("HFPolicy generates %.0f tokens/s on this CPU; vLLM is installed and batches faster here: "
+            log.warning("HFPolicy generated %.1f tokens/s (prefills included) on this CPU; vLLM is installed and batches faster here: "
                         "use --policy vllm:%s (training: rollout.backend = \"vllm\")", rate, self._model_name)
 
     def _result(self, r: _Row, reason: str) -> Generation:
