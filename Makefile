@@ -12,14 +12,16 @@ EXTRAS := hf,ray,docker,code,search,dense,report,openenv,train,trl,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help quickstart test test-fast test-verifiers lint apt venv model bench dockerd-start dockerd-stop clean
+.PHONY: help quickstart test test-fast test-verifiers lint apt venv model bench bench-full bench-smoke dockerd-start dockerd-stop clean
 
 help:
 	@echo "make quickstart  set everything up, prepare SmolLM2, run the main job (eval + a short training run)"
 	@echo "make test        install everything (apt + venv), lint, run the full suite"
 	@echo "make test-fast   unit and contract tests only (no models, servers or containers)"
 	@echo "make lint        ruff + mypy"
-	@echo "make bench       run the benchmarks (writes benchmarks/results/*.json)"
+	@echo "make bench       rerun every README results row that takes minutes (writes benchmarks/results/*.json)"
+	@echo "make bench-full  rerun the learning experiments (hours), then recompute their intervals from the episodes"
+	@echo "make bench-smoke the learning benchmarks end to end on a tiny setting (checks the per-episode path)"
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -89,8 +91,60 @@ quickstart: apt venv model
 	$(BIN)/agentgym report runs/quickstart-expert runs/quickstart/train/eval/before runs/quickstart/train/eval/after --out runs/quickstart-report
 	@echo "training curve: runs/quickstart/train/curves.png; transcripts, summaries and plots: runs/quickstart*"
 
+# Every README results row, with the arguments the row names (minutes to an hour each on 2 cores). Peers run
+# from their own virtualenvs when present (.venv-peers-code, .venv-peers-sql, .venv-peers-search,
+# .venv-peers-alfworld, .venv-trl: see each script's docstring); a missing one is recorded as not measured.
+BENCH_ROWS := \
+	benchmarks/bench_alfworld.py \
+	benchmarks/bench_sql.py \
+	benchmarks/bench_search.py \
+	benchmarks/bench_sandbox.py \
+	benchmarks/bench_policies.py \
+	benchmarks/bench_rollout.py \
+	"benchmarks/bench_weight_sync.py --steps 3 --rounds 3" \
+	"benchmarks/bench_dataflow.py --sections elastic" \
+	benchmarks/bench_trainer.py \
+	benchmarks/bench_env_service.py
+# The learning experiments and long dataflow runs (hours each; `make quickstart` first: the strategies
+# experiment starts from its SFT model). Each writes per-episode files that `benchmarks/recompute.py` reads.
+BENCH_FULL := \
+	benchmarks/bench_real_run.py \
+	"benchmarks/bench_imitation.py --envs search" \
+	"benchmarks/bench_imitation.py --envs alfworld --alfworld-tasks 16 --alfworld-samples 2 --alfworld-eval-tasks 16 --random-prob 0.2" \
+	"benchmarks/bench_strategies.py --seeds 1,2,3 --steps 3" \
+	"benchmarks/bench_strategies.py --arms gate_swept --swept-k 2 --swept-d 0.9 --no-sweep" \
+	"benchmarks/bench_strategies.py --arms baseline_slice4,greso_slice4 --no-sweep" \
+	"benchmarks/bench_dataflow.py --sections async --steps 8" \
+	"benchmarks/bench_dataflow.py --sections multi --steps 3"
+SMOKE := /tmp/agentgym-bench-smoke
+
 bench: venv
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in $(BENCH_ROWS); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+bench-full: venv
+	@for b in $(BENCH_FULL); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python benchmarks/recompute.py --check
+
+# The learning benchmarks end to end on a tiny setting (2 tasks x 2 seeds, 1 step, HF rollouts, fp32 throughout: bf16
+# is emulated, and several times slower, on CPUs without native bf16), into $(SMOKE): proves the per-episode export
+# and benchmarks/recompute.py; deletes what it wrote.
+SMOKE_EVAL := eval.tasks=2 eval.seeds=[0,1] eval.max_turns=2 eval.max_tokens=24
+SMOKE_HF   := rollout.backend=hf rollout.rollout_dtype=float32 model.dtype=float32 model.autocast=null
+SMOKE_SFT  := $(addprefix --sft-set ,data.epochs=1 $(SMOKE_HF) $(SMOKE_EVAL))
+SMOKE_GRPO := $(addprefix --grpo-set ,run.steps=1 $(SMOKE_HF) rollout.group_size=2 rollout.groups_per_step=1 \
+	rollout.max_turns=2 rollout.max_tokens=24 eval.before=false $(SMOKE_EVAL))
+
+bench-smoke: venv
+	rm -rf $(SMOKE)
+	$(BIN)/python benchmarks/bench_real_run.py --runs $(SMOKE)/runs/real --results $(SMOKE)/results --collect-tasks 8 \
+	  $(SMOKE_SFT) $(SMOKE_GRPO)
+	$(BIN)/python benchmarks/bench_imitation.py --envs search --search-tasks 4 --dagger-actor hf \
+	  --runs $(SMOKE)/runs/imitation --results $(SMOKE)/results $(SMOKE_SFT)
+	$(BIN)/python benchmarks/bench_strategies.py --arms baseline,pilot --seeds 1 --steps 1 --group-size 2 --groups-per-step 1 \
+	  --eval-tasks 2 --eval-seeds 0,1 --backend hf $(addprefix --set ,$(SMOKE_HF)) --no-sweep --model smollm2-135m-instruct \
+	  --runs $(SMOKE)/runs/strategies --results $(SMOKE)/results
+	$(BIN)/python benchmarks/recompute.py --results $(SMOKE)/results --check
+	rm -rf $(SMOKE)
 
 clean:
 	rm -rf build *.egg-info .mypy_cache .ruff_cache .pytest_cache runs

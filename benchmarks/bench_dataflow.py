@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.envs.demo import expert_guess
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
 
 from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.dataflow.runtime import EmbeddedRuntime
@@ -268,6 +269,7 @@ def main() -> None:
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     for section in args.sections.split(","):
         print(f"== {section}", flush=True)
+        prov = Provenance.start()
         t0 = os.getloadavg()
         if section == "elastic":
             res = asyncio.run(elastic(args.quick, args.latency, args.skip_vllm))
@@ -283,6 +285,7 @@ def main() -> None:
                           + (f" --staleness {args.staleness}" if section == "async" and args.staleness != "0,1,2,4" else "")
                           + (" --skip-vllm" if section == "elastic" and args.skip_vllm else ""))
         res["loadavg_start_end"] = [t0[0], os.getloadavg()[0]]
+        res["provenance"] = prov.finish()
         results[section] = res
         if section == "async":
             plot_async(res, PLOT)

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
+
 import agentgym
 from agentgym.policy import Policy, SamplingParams
 from agentgym.rollout import (
@@ -104,6 +106,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.tasks, args.max_turns = 1, 12
+    prov = Provenance.start()
     from agentgym.policies import from_spec
     from agentgym.policies.models import is_prepared
 
@@ -162,6 +165,7 @@ def main() -> None:
         all_runs = json.loads(RESULTS.read_text()).get("runs", {}) if RESULTS.exists() else {}
     except json.JSONDecodeError:
         all_runs = {}
+    res["provenance"] = prov.finish()
     all_runs[label] = res
     RESULTS.write_text(json.dumps({"runs": all_runs}, indent=2))
     print(f"wrote {RESULTS} (run {label!r})")

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "env_service.json"
 BIN = Path(sys.executable).parent
@@ -300,6 +302,7 @@ def main() -> None:
     ap.add_argument("--no-openenv", action="store_true", help="skip openenv-core's server")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset of " + ",".join(FAMILIES))
     args = ap.parse_args()
+    prov = Provenance.start(packages=["openenv-core", "uvicorn", "websockets"])
     families = {k: (e, max(2, n // 10) if args.quick else n) for k, (e, n) in FAMILIES.items()
                 if k in args.families.split(",")}
     try:
@@ -331,6 +334,7 @@ def main() -> None:
         stop(ag)
     result["bench_wall_s"] = round(time.monotonic() - t0, 1)
     result["load_avg_end"] = [round(x, 1) for x in os.getloadavg()]
+    result["provenance"] = prov.finish()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {OUT}")

@@ -15,29 +15,35 @@ one with the expert's action for it (``agentgym collect --relabel``). Per env, i
   tasks and samples, ``relabelled`` on the perturbed ones with the expert's label at every state.
 
 Every arm starts from the base model with the same config (epochs, lr, batch size); held-out success
-is measured through vLLM with each env's protocol (Search: 60 test tasks x 5 seeds at T=0.7, 95% CI
-over seeds; ALFWorld: ``--alfworld-eval-tasks`` valid_unseen tasks x 2 seeds at T=0.7), plus a paired bootstrap over tasks of
-each arm against ``plain``. Writes ``benchmarks/results/imitation.json``.
+is measured through vLLM with each env's protocol (Search: 60 test tasks x 5 seeds at T=0.7;
+ALFWorld: ``--alfworld-eval-tasks`` valid_unseen tasks x 2 seeds at T=0.7). Every held-out episode is
+exported to ``benchmarks/results/episodes/imitation/<env>-<arm>.jsonl.gz``, and every interval in the JSON
+(each arm's: bootstrap over tasks, Wilson where every task ties; each arm against ``plain`` and DAgger
+against ``plain_2n``: paired bootstrap over tasks) is computed from those files by
+``benchmarks/recompute.py``, so ``python benchmarks/recompute.py --bench imitation --check`` reproduces
+them. Writes ``benchmarks/results/imitation.json``.
 
 Run: ``python benchmarks/bench_imitation.py [--envs search,alfworld] [--search-tasks 96] [--alfworld-tasks 32]``
-(about 75 minutes on 2 cores with the defaults).
+(about 75 minutes on 2 cores with the defaults; ``--sft-set``, ``--runs`` and ``--results`` make a tiny
+end-to-end check, see ``make bench-smoke``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# the real run's command runner and paired bootstrap, so both benchmarks measure the same way
-from bench_real_run import RESULTS, ROOT, _paired, sh
+# the real run's command runner, so both benchmarks run stages the same way
+import recompute
+from bench_real_run import RESULTS, ROOT, sh
+from provenance import Provenance
 
 RUN = ROOT / "runs" / "imitation"
+SFT_SETS: list[str] = []  # --sft-set: extra overrides for every SFT stage (a tiny check)
 
 
 def collect(env: str, out: Path, *extra: str) -> dict[str, Any]:
@@ -50,52 +56,68 @@ def collect(env: str, out: Path, *extra: str) -> dict[str, Any]:
             "labelled_states": len(labels)}
 
 
-def sft(config: str, out: Path, data: list[Path], eval_sets: list[str]) -> dict[str, Any]:
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def sft(config: str, out: Path, data: list[Path], eval_sets: list[str], arm: str, results: Path) -> dict[str, Any]:
+    """One SFT arm from the base model; its held-out episodes exported as ``imitation/<arm>``."""
     paths = "[" + ",".join(json.dumps(str(p)) for p in data) + "]"
     sets = ["run.resume=false", f"run.out_dir={out}", f"data.paths={paths}", "eval.before=false", "eval.after=true",
-            *eval_sets]
+            *eval_sets, *SFT_SETS]
     wall = sh("train", "--config", config, *[a for s in sets for a in ("--set", s)])
     res = json.loads((out / "result.json").read_text())
     after = res["after"]
-    return {"data": [str(p.relative_to(ROOT)) for p in data], "stage_wall_s": round(wall, 1),
+    recompute.export(out / "eval" / "after", "imitation", arm, "after", results=results)
+    iv = recompute.arm_interval(recompute.arm_rows("imitation", arm, "after", results))
+    return {"data": [_rel(p) for p in data], "stage_wall_s": round(wall, 1),
             "train_s": round(res.get("train_wall_s", 0.0) - after.get("wall_s", 0.0), 1), "steps": res.get("steps"),
             "sft_data": res.get("sft_data"), "trained_tokens": (res.get("sft_data") or {}).get("trained_tokens"),
-            "success": after["success"], "ci95": after["success_ci95"], "episodes": after["episodes"],
-            "eval_wall_s": round(after.get("wall_s", 0.0), 1), "eval_dir": str((out / "eval" / "after").relative_to(ROOT))}
+            "success": iv["mean"], "ci95": iv["ci95"], "ci_method": iv["method"], "episodes": iv["episodes"],
+            "tasks": iv["tasks"], "eval_wall_s": round(after.get("wall_s", 0.0), 1),
+            "eval_dir": _rel(out / "eval" / "after"), "episodes_file": _rel(recompute.episodes_file("imitation", arm, results))}
 
 
-def search(n: int) -> dict[str, Any]:
-    env, cfg, d = "agentgym/Search-v0", "configs/train/search-sft.toml", RUN / "search"
+def _pair(results: Path, a: str, b: str) -> dict[str, Any]:
+    return recompute.paired(recompute.arm_rows("imitation", a, "after", results),
+                            recompute.arm_rows("imitation", b, "after", results))
+
+
+CI = "95% CI: bootstrap over tasks (Wilson where every task ties), from the exported episodes"
+
+
+def search(n: int, run: Path, results: Path, actor: str) -> dict[str, Any]:
+    env, cfg, d = "agentgym/Search-v0", "configs/train/search-sft.toml", run / "search"
     d.mkdir(parents=True, exist_ok=True)
     data = {"expert_n": collect(env, d / "expert-n.jsonl", "--policy", "expert", "--tasks", str(n)),
             "expert_2n": collect(env, d / "expert-2n.jsonl", "--policy", "expert", "--tasks", str(2 * n))}
-    arms = {"plain": sft(cfg, d / "plain", [d / "expert-n.jsonl"], [])}
+    arms = {"plain": sft(cfg, d / "plain", [d / "expert-n.jsonl"], [], "search-plain", results)}
     model = d / "plain" / "final"
     # DAgger: the imitating model acts (its own mistakes), the env's expert labels every state it reaches
-    data["dagger_n"] = collect(env, d / "dagger-n.jsonl", "--policy", f"vllm:{model}", "--relabel", "--tasks", str(n),
+    data["dagger_n"] = collect(env, d / "dagger-n.jsonl", "--policy", f"{actor}:{model}", "--relabel", "--tasks", str(n),
                                "--temperature", "1.0", "--max-turns", "6", "--max-tokens", "64", "--concurrency", "32")
-    arms["dagger"] = sft(cfg, d / "dagger", [d / "expert-n.jsonl", d / "dagger-n.jsonl"], [])
-    arms["plain_2n"] = sft(cfg, d / "plain-2n", [d / "expert-2n.jsonl"], [])
+    arms["dagger"] = sft(cfg, d / "dagger", [d / "expert-n.jsonl", d / "dagger-n.jsonl"], [], "search-dagger", results)
+    arms["plain_2n"] = sft(cfg, d / "plain-2n", [d / "expert-2n.jsonl"], [], "search-plain_2n", results)
     for k in ("dagger", "plain_2n"):
-        arms[k]["paired_vs_plain"] = _paired(ROOT / arms["plain"]["eval_dir"], ROOT / arms[k]["eval_dir"])
-    arms["dagger"]["paired_vs_plain_2n"] = _paired(ROOT / arms["plain_2n"]["eval_dir"], ROOT / arms["dagger"]["eval_dir"])
+        arms[k]["paired_vs_plain"] = _pair(results, "search-plain", f"search-{k}")
+    arms["dagger"]["paired_vs_plain_2n"] = _pair(results, "search-plain_2n", "search-dagger")
     return {"env": env, "config": cfg, "n": n, "collections": data, "arms": arms,
-            "protocol": "test split, 60 tasks x 5 seeds, T=0.7 with per-turn sampling seeds; 95% CI over seeds"}
+            "protocol": f"test split, 60 tasks x 5 seeds, T=0.7 with per-turn sampling seeds; {CI}"}
 
 
-def alfworld(n: int, random_prob: float, samples: int, eval_tasks: int) -> dict[str, Any]:
-    env, cfg, d = "agentgym/ALFWorld-v0", "configs/train/alfworld-sft.toml", RUN / "alfworld"
+def alfworld(n: int, random_prob: float, samples: int, eval_tasks: int, run: Path, results: Path) -> dict[str, Any]:
+    env, cfg, d = "agentgym/ALFWorld-v0", "configs/train/alfworld-sft.toml", run / "alfworld"
     d.mkdir(parents=True, exist_ok=True)
     common = ["--policy", "expert", "--tasks", str(n), "--samples", str(samples), "--max-turns", "30"]
     data = {"plain": collect(env, d / "plain.jsonl", *common),
             "relabelled": collect(env, d / "relabelled.jsonl", *common, "--relabel", "--random-prob", str(random_prob))}
     ev = [f"eval.tasks={eval_tasks}", "eval.seeds=[0,1]", "eval.temperature=0.7", "eval.sampling_seeds=true"]
-    arms = {"plain": sft(cfg, d / "plain", [d / "plain.jsonl"], ev),
-            "relabelled": sft(cfg, d / "relabelled", [d / "relabelled.jsonl"], ev)}
-    arms["relabelled"]["paired_vs_plain"] = _paired(ROOT / arms["plain"]["eval_dir"], ROOT / arms["relabelled"]["eval_dir"])
+    arms = {"plain": sft(cfg, d / "plain", [d / "plain.jsonl"], ev, "alfworld-plain", results),
+            "relabelled": sft(cfg, d / "relabelled", [d / "relabelled.jsonl"], ev, "alfworld-relabelled", results)}
+    arms["relabelled"]["paired_vs_plain"] = _pair(results, "alfworld-plain", "alfworld-relabelled")
     return {"env": env, "config": cfg, "tasks": n, "samples": samples, "random_prob": random_prob,
             "collections": data, "arms": arms,
-            "protocol": f"valid_unseen, {eval_tasks} tasks x 2 seeds, T=0.7 with per-turn sampling seeds; 95% CI over seeds"}
+            "protocol": f"valid_unseen, {eval_tasks} tasks x 2 seeds, T=0.7 with per-turn sampling seeds; {CI}"}
 
 
 def main() -> None:
@@ -106,24 +128,30 @@ def main() -> None:
     ap.add_argument("--alfworld-samples", type=int, default=2)
     ap.add_argument("--alfworld-eval-tasks", type=int, default=32, help="valid_unseen tasks in each held-out eval")
     ap.add_argument("--random-prob", type=float, default=0.2, help="ALFWorld: random admissible action probability")
+    ap.add_argument("--dagger-actor", default="vllm", choices=["vllm", "hf"], help="backend of the acting SFT model")
+    ap.add_argument("--sft-set", action="append", default=[], help="extra --set for every SFT stage (repeatable)")
+    ap.add_argument("--runs", default=str(RUN), help="run folder (default runs/imitation)")
+    ap.add_argument("--results", default=str(RESULTS), help="where the JSON and episodes/ go")
     args = ap.parse_args()
-    path = RESULTS / "imitation.json"
+    SFT_SETS[:] = args.sft_set
+    run, results = Path(args.runs), Path(args.results)
+    path = results / "imitation.json"
     out: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for name in [s.strip() for s in args.envs.split(",") if s.strip()]:
         print(f"== {name}", flush=True)
+        prov = Provenance.start()
         if name == "search":
-            out["search"] = search(args.search_tasks)
+            out["search"] = search(args.search_tasks, run, results, args.dagger_actor)
         elif name == "alfworld":
             out["alfworld"] = alfworld(args.alfworld_tasks, args.random_prob, args.alfworld_samples,
-                                       args.alfworld_eval_tasks)
+                                       args.alfworld_eval_tasks, run, results)
         else:
             raise SystemExit(f"unknown env section {name!r} (search, alfworld)")
-        out[name]["command"] = ("python benchmarks/bench_imitation.py --envs " + name
-                                + (f" --search-tasks {args.search_tasks}" if name == "search" else
-                                   f" --alfworld-tasks {args.alfworld_tasks} --alfworld-samples {args.alfworld_samples}"
-                                   f" --alfworld-eval-tasks {args.alfworld_eval_tasks} --random-prob {args.random_prob}"))
-        out["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
-        RESULTS.mkdir(parents=True, exist_ok=True)
+        out[name]["extra_sets"] = args.sft_set
+        out[name]["provenance"] = prov.finish()
+        out.pop("machine", None)
+        out["recomputable"] = recompute.recompute("imitation", results)
+        results.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1))  # after each env, so a later failure keeps what finished
         for arm, r in out[name]["arms"].items():
             print(f"  {arm:>10}: {100 * r['success']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] "

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
+
 RESULTS = Path(__file__).resolve().parent / "results" / "logprob_mismatch.json"
 SUBJECTS = ["the Moon", "volcanoes", "honey bees", "chess"]
 ASKS = ["Explain {} to a child.", "Give three facts about {}.", "Write a short poem about {}.", "Why is {} important?",
@@ -73,6 +75,7 @@ def main() -> None:
     from agentgym.policies.hf import HFPolicy
     from agentgym.policies.models import resolve_model
 
+    prov = Provenance.start()
     path = resolve_model("smollm2-135m-instruct")
     reqs = _requests()
     out: dict[str, Any] = {"benchmark": "logprob_mismatch", "model": "SmolLM2-135M-Instruct", "prompts": len(reqs),
@@ -96,7 +99,7 @@ def main() -> None:
             out["pairs"][f"trainer-{tdt} vs {name}"] = _compare(_score(path, tdt, gens), gens)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     out["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count()}
-    out["command"] = "python benchmarks/bench_logprob_mismatch.py"
+    out["provenance"] = prov.finish()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     for k, v in out["pairs"].items():

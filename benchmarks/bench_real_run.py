@@ -8,18 +8,23 @@ rollouts through vLLM and a time budget. Every stage is the user's own command, 
     agentgym train --config configs/train/search-sft.toml
     agentgym train --config configs/train/search-grpo.toml
 
-Held-out success (60 test tasks x 5 seeds, sampled at T=0.7, 95% CI over seeds) is measured for the
-base model, after SFT and after GRPO, with the same protocol. Writes ``benchmarks/results/real_run.json``
-and ``benchmarks/results/real_run.png`` (training reward per GRPO step and the three held-out points).
-Run: ``python benchmarks/bench_real_run.py [--skip-sft]`` (about an hour on 2 cores).
+Held-out success (60 test tasks x 5 seeds, sampled at T=0.7) is measured for the base model, after SFT
+and after GRPO, with the same protocol. Every held-out episode is exported to
+``benchmarks/results/episodes/real_run/{sft,grpo}.jsonl.gz`` (``sft``: stage ``before`` is the base model,
+``after`` the SFT model; ``grpo``: ``after``), and every interval in the JSON is computed from those files
+by ``benchmarks/recompute.py``'s functions (95% bootstrap over tasks, Wilson where every task ties; the
+GRPO gain paired over the same (task, seed) episodes), so ``python benchmarks/recompute.py --check``
+reproduces them. Writes ``benchmarks/results/real_run.json`` and ``real_run.png`` (training reward per
+GRPO step and the three held-out points).
+Run: ``python benchmarks/bench_real_run.py [--skip-sft]`` (about an hour on 2 cores). A tiny end-to-end
+check of the whole path: ``--collect-tasks 8 --sft-set data.epochs=1 --sft-set eval.tasks=2 ... --runs /tmp/r
+--results /tmp/res`` (see ``make bench-smoke``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -31,6 +36,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 BIN = Path(sys.executable).parent
 RUN = ROOT / "runs" / "real"
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recompute  # noqa: E402
+from provenance import Provenance  # noqa: E402
+
 
 def sh(*args: str) -> float:
     print("$", " ".join(args), flush=True)
@@ -39,10 +48,13 @@ def sh(*args: str) -> float:
     return time.monotonic() - t0
 
 
-def stage(result: dict[str, Any], key: str) -> dict[str, Any]:
-    ev = result[key]
-    return {"success": ev["success"], "ci95": ev["success_ci95"], "episodes": ev["episodes"],
-            "eval_wall_s": round(ev["wall_s"], 1) if ev.get("wall_s") == ev.get("wall_s") else None}
+def stage(result: dict[str, Any], key: str, interval: dict[str, Any]) -> dict[str, Any]:
+    """One held-out point: the interval recomputed from the exported episodes, and the eval's wall-clock."""
+    ev = result.get(key) or {}
+    wall = ev.get("wall_s")
+    return {"success": interval["mean"], "ci95": interval["ci95"], "ci_method": interval["method"],
+            "episodes": interval["episodes"], "tasks": interval["tasks"],
+            "eval_wall_s": round(wall, 1) if isinstance(wall, (int, float)) and wall == wall else None}
 
 
 def main() -> None:
@@ -57,36 +69,52 @@ def main() -> None:
                     "checkpoint (with --skip-sft implied), then summarize")
     ap.add_argument("--grpo-budget-s", type=float, default=None, help="with --resume-grpo: the resumed stage's "
                     "run.time_budget_s (what is left of the hour)")
+    ap.add_argument("--collect-tasks", type=int, default=96, help="expert transcripts for the SFT stage")
+    ap.add_argument("--sft-set", action="append", default=[], help="extra --set for the SFT stage (repeatable)")
+    ap.add_argument("--grpo-set", action="append", default=[], help="extra --set for the GRPO stage (repeatable)")
+    ap.add_argument("--runs", default=str(RUN), help="run folder (default runs/real)")
+    ap.add_argument("--results", default=str(RESULTS), help="where the JSON, plot and episodes/ go")
     args = ap.parse_args()
+    run_dir, results = Path(args.runs), Path(args.results)
+    prov = Provenance.start()
     if args.resume_grpo:
         args.skip_sft = True
     walls: dict[str, float] = {}
+    sft_dir, grpo_dir = run_dir / "sft", run_dir / "grpo"
+    sft_sets = [f"run.out_dir={sft_dir}", f"data.paths={json.dumps([str(run_dir / 'expert.jsonl')])}", *args.sft_set]
+    grpo_sets = [f"run.out_dir={grpo_dir}", f"model.path={sft_dir / 'final'}", *args.grpo_set]
     if not args.skip_sft and not args.summarize:
-        walls["collect_s"] = sh("collect", "--env", "agentgym/Search-v0", "--policy", "expert", "--tasks", "96",
-                                "--out", str(RUN / "expert.jsonl"))
-        walls["sft_stage_s"] = sh("train", "--config", "configs/train/search-sft.toml", "--set", "run.resume=false")
+        walls["collect_s"] = sh("collect", "--env", "agentgym/Search-v0", "--policy", "expert", "--tasks",
+                                str(args.collect_tasks), "--out", str(run_dir / "expert.jsonl"))
+        walls["sft_stage_s"] = sh("train", "--config", "configs/train/search-sft.toml", "--set", "run.resume=false",
+                                  *_sets(sft_sets))
     if args.resume_grpo:  # continue the GRPO stage from its latest checkpoint (a killed or budgeted run)
-        extra = ["--set", f"run.time_budget_s={args.grpo_budget_s}"] if args.grpo_budget_s else []
+        extra = [f"run.time_budget_s={args.grpo_budget_s}"] if args.grpo_budget_s else []
         walls["grpo_resumed_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=true",
-                                           *extra)
+                                           *_sets(grpo_sets + extra))
     elif not args.summarize:
-        walls["grpo_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=false")
-    sft = json.loads((RUN / "sft" / "result.json").read_text())
-    rl_file = RUN / "grpo" / "result.json"
+        walls["grpo_stage_s"] = sh("train", "--config", "configs/train/search-grpo.toml", "--set", "run.resume=false",
+                                   *_sets(grpo_sets))
+    sft = json.loads((sft_dir / "result.json").read_text())
+    rl_file = grpo_dir / "result.json"
     rl = json.loads(rl_file.read_text()) if rl_file.exists() else {}
-    if args.grpo_eval:
-        ev = json.loads((Path(args.grpo_eval) / "summary.json").read_text())["overall"]
-        rl["after"] = {"success": ev["success"]["mean"], "success_ci95": ev["success"]["ci95"],
-                       "episodes": ev["episodes"], "wall_s": float("nan")}
-    rows = [json.loads(x) for x in (RUN / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    # every held-out episode, exported; the intervals below come from these files alone
+    recompute.export(sft_dir / "eval" / "before", "real_run", "sft", "before", results=results)
+    recompute.export(sft_dir / "eval" / "after", "real_run", "sft", "after", results=results)
+    recompute.export(Path(args.grpo_eval) if args.grpo_eval else grpo_dir / "eval" / "after", "real_run", "grpo",
+                     "after", results=results)
+    fresh = recompute.recompute("real_run", results)
+    rows = [json.loads(x) for x in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [{"step": r["step"], "reward": r.get("rollout/reward_mean"), "elapsed_s": r.get("elapsed_s")}
              for r in rows if r.get("rollout/reward_mean") is not None]
     out = {
         "env": "agentgym/Search-v0", "model": "SmolLM2-135M-Instruct",
-        "protocol": "held-out test split, 60 tasks x 5 seeds, T=0.7 with per-turn sampling seeds; 95% CI over seeds",
-        "base": stage(sft, "before"), "sft": stage(sft, "after"), "sft_plus_grpo": stage(rl, "after"),
-        "paired_difference": _paired(RUN / "sft" / "eval" / "after",
-                                     Path(args.grpo_eval) if args.grpo_eval else RUN / "grpo" / "eval" / "after"),
+        "protocol": ("held-out test split, 60 tasks x 5 seeds, T=0.7 with per-turn sampling seeds; 95% CI: bootstrap "
+                     "over tasks (Wilson where every task ties), from benchmarks/results/episodes/real_run/"),
+        "base": stage(sft, "before", fresh["arms"]["sft"]["before"]), "sft": stage(sft, "after", fresh["arms"]["sft"]["after"]),
+        "sft_plus_grpo": stage(rl, "after", fresh["arms"]["grpo"]["after"]),
+        "paired_difference": fresh["paired"]["grpo_vs_sft"],
+        "recomputable": fresh,
         "grpo_eval_source": args.grpo_eval or "the GRPO run's own final eval",
         "note": args.note,
         "sft_train_s": round(sft.get("train_wall_s", 0.0), 1), "sft_steps": sft.get("steps"),
@@ -100,16 +128,20 @@ def main() -> None:
         "stage_wall_s": {k: round(v, 1) for k, v in walls.items()},
         "grpo_training_reward_curve": curve,
         "configs": ["configs/train/search-sft.toml", "configs/train/search-grpo.toml"],
-        "command": "python benchmarks/bench_real_run.py",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "extra_sets": {"sft": args.sft_set, "grpo": args.grpo_set},
+        "provenance": prov.finish(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "real_run.json").write_text(json.dumps(out, indent=1))
-    _plot(out, RESULTS / "real_run.png")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "real_run.json").write_text(json.dumps(out, indent=1))
+    _plot(out, results / "real_run.png")
     for k in ("base", "sft", "sft_plus_grpo"):
         s = out[k]
         print(f"{k:>14}: {100 * s['success']:.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] ({s['episodes']} episodes)")
-    print(f"SFT {out['sft_train_s']} s, GRPO {out['grpo_train_s']} s ({out['grpo_steps']} steps); wrote {RESULTS / 'real_run.json'}")
+    print(f"SFT {out['sft_train_s']} s, GRPO {out['grpo_train_s']} s ({out['grpo_steps']} steps); wrote {results / 'real_run.json'}")
+
+
+def _sets(sets: list[str]) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
 
 
 def _train_seconds(rows: list[dict[str, Any]]) -> float:
@@ -132,25 +164,6 @@ def _elapsed_at(rows: list[dict[str, Any]], step: int | None) -> float:
     return float(hits[0]) if hits else 0.0
 
 
-def _paired(a: Path, b: Path, n_boot: int = 10000) -> dict[str, Any]:
-    """SFT+GRPO minus SFT on the same (task, seed) episodes: mean and a 95% bootstrap CI over tasks."""
-    import random
-
-    def load(d: Path) -> dict[tuple[str, str], float]:
-        rows = [json.loads(x) for x in (d / "episodes.jsonl").read_text().splitlines()]
-        return {(r["task_id"], r["group_id"]): float(r["success"]) for r in rows}
-
-    x, y = load(a), load(b)
-    tasks: dict[str, list[float]] = {}
-    for k in sorted(set(x) & set(y)):
-        tasks.setdefault(k[0], []).append(y[k] - x[k])
-    per = [sum(v) / len(v) for v in tasks.values()]
-    rng = random.Random(0)
-    boots = sorted(sum(rng.choice(per) for _ in per) / len(per) for _ in range(n_boot))
-    return {"episodes": sum(len(v) for v in tasks.values()), "tasks": len(per), "mean": sum(per) / len(per),
-            "ci95_bootstrap_over_tasks": [boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot)]]}
-
-
 def _plot(out: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -167,8 +180,9 @@ def _plot(out: dict[str, Any], path: Path) -> None:
                lw=2, label=f"mean of the last {win} steps")
     a.legend(fontsize=8)
     a.set_xlabel("GRPO step")
-    a.set_ylabel("mean reward")
-    a.set_title("training reward")
+    a.set_ylabel("rollout/reward_mean")
+    a.set_title("training reward of the groups each step trained on\n(zero-variance groups the filter dropped excluded)",
+                fontsize=9)
     a.grid(alpha=0.3)
     names = ["base", "sft", "sft_plus_grpo"]
     ys = [100 * out[n]["success"] for n in names]
@@ -176,7 +190,7 @@ def _plot(out: dict[str, Any], path: Path) -> None:
     hi = [100 * out[n]["ci95"][1] - y for y, n in zip(ys, names, strict=True)]
     b.bar(["base", "SFT", "SFT + GRPO"], ys, yerr=[lo, hi], capsize=6, color=["#bbb", "#6a9fd8", "#2a6fb8"])
     b.set_ylabel("held-out success (%)")
-    b.set_title("Search-v0 test, 95% CI over 5 seeds")
+    b.set_title("Search-v0 test, 95% CI (bootstrap over tasks)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

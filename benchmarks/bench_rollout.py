@@ -42,6 +42,7 @@ from typing import Any
 
 import gymnasium
 from agentgym.envs.demo import expert_guess
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
 
 import agentgym
 from agentgym.policy import Capabilities, Generation, GenRequest, Policy, PolicyLifecycle, SamplingParams
@@ -249,7 +250,9 @@ def main() -> None:
     ap.add_argument("--skip-vllm", action="store_true", help="skip the SmolLM2 run")
     ap.add_argument("--env-ms", type=float, default=10.0, help="simulated tool latency per env step")
     args = ap.parse_args()
+    prov = Provenance.start()
     results = asyncio.run(main_async(args))
+    results["provenance"] = prov.finish()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from provenance import Provenance  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "search.json"
@@ -321,6 +321,9 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip skyrl-gym")
     ap.add_argument("--passages", type=int, default=None, help="BM25 corpus size (default 100000; 20000 with --quick)")
     args = ap.parse_args()
+    prov = Provenance.start(peers={} if args.no_peer else {v.name: v / "bin" / "python" for v in PEER_VENVS
+                                                           if (v / "bin" / "python").exists()},
+                            packages=["skyrl-gym", "bm25s"])
     os.environ.setdefault("AGENTGYM_CACHE", str(Path(tempfile.gettempdir()) / "agentgym-bench-cache"))
     target = args.passages or (20_000 if args.quick else 100_000)
     n_queries = 300 if args.quick else 1000
@@ -333,13 +336,11 @@ def main() -> None:
     result = {
         "benchmark": "search",
         "quick": args.quick,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "command": "python benchmarks/bench_search.py" + (" --quick" if args.quick else "") + (" --no-peer" if args.no_peer else ""),
-        "loadavg_end": os.getloadavg(),
         "reference": "SkyRL's search env over a loopback HTTP BM25 server measured ~1,000 steps/s on this class of machine (issue 5).",
         "goals": {"local_steps_per_s": 2000, "bm25_p50_ms_at_100k": 2.0},
         "bm25": bm25,
         "env": env,
+        "provenance": prov.finish(),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")

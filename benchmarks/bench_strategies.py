@@ -17,8 +17,12 @@ optimizer steps, group size and evaluation:
   distance function over each logged group's tool-call prefixes);
 * held-out success: the 32 test tasks x ``--eval-seeds`` sampled at T=1.0 (the policy as it is trained),
   before training (once, in its own run, ``runs/strategies/before``: every arm starts from the same model, and
-  rollouts overlap a before-eval inside a timed run) and after each run; the 95% CI of an arm
-  is over its training seeds (Student t).
+  rollouts overlap a before-eval inside a timed run) and after each run. Every held-out episode is exported to
+  ``benchmarks/results/episodes/strategies/<arm>.jsonl.gz`` (with its run's training seed); an arm's success
+  interval is a bootstrap over tasks with each task's episodes from every training seed kept together (Wilson
+  where every task ties), and each arm is compared with its reference by a paired bootstrap over the same
+  (task, eval seed, training seed) episodes (``benchmarks/recompute.py`` recomputes both from the files).
+  Costs (wall-clock, tokens, optimizer steps) are per run: a Student t interval over the training seeds.
 
 Runs land in ``runs/strategies/<arm>/seed<s>``; a run whose ``result.json`` exists is reused, so the
 experiment can be extended (more seeds, more arms) without rerunning what finished. Writes
@@ -33,16 +37,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recompute
 from bench_real_run import RESULTS, ROOT, sh
+from provenance import Provenance
+
+from agentgym.eval.stats import clip, mean_ci
 
 RUN = ROOT / "runs" / "strategies"
 CONFIGS = ROOT / "configs" / "train" / "strategies"
@@ -65,20 +70,19 @@ ARMS: dict[str, tuple[str, list[str], str]] = {
 MAIN_ARMS = ["baseline", "gate", "dapo", "greso", "pilot", "replay"]
 SWEEP_K = [1, 2, 3, 4]
 SWEEP_D = [0.05, 0.12, 0.25, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def common_sets(args: argparse.Namespace, seed: int, out: Path, before: bool) -> list[str]:
     seeds = "[" + ",".join(str(s) for s in args.eval_seeds) + "]"
     return [f"run.out_dir={out}", "run.resume=false", f"run.seed={seed}", f"run.steps={args.steps}",
-            f"model.path={args.model}", "rollout.backend=vllm", f"rollout.group_size={args.group_size}",
+            f"model.path={args.model}", f"rollout.backend={args.backend}", f"rollout.group_size={args.group_size}",
             f"rollout.groups_per_step={args.groups_per_step}", f"eval.before={str(before).lower()}", "eval.after=true",
             "eval.split=test", f"eval.tasks={args.eval_tasks}", f"eval.seeds={seeds}", "eval.temperature=1.0",
-            "eval.sampling_seeds=true", "log.progress=false", "log.groups=true"]
+            "eval.sampling_seeds=true", "log.progress=false", "log.groups=true", *args.set]
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> None:
-    out = RUN / arm / f"seed{seed}"
+    out = args.runs / arm / f"seed{seed}"
     if (out / "result.json").exists() and not args.force:
         print(f"= {arm} seed {seed}: reusing {out.relative_to(ROOT)}", flush=True)
         return
@@ -94,7 +98,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> None:
 def before_eval(args: argparse.Namespace) -> None:
     """The starting model's held-out success, with the arms' eval protocol: the baseline config's own before-eval
     (one training step runs after it; only the eval is used)."""
-    out = RUN / "before"
+    out = args.runs / "before"
     if (out / "result.json").exists() and not args.force:
         return
     sets = [*common_sets(args, args.seeds[0], out, True), "run.steps=1", "eval.after=false"]
@@ -102,12 +106,10 @@ def before_eval(args: argparse.Namespace) -> None:
 
 
 def t_ci(xs: list[float], lo: float = -math.inf, hi: float = math.inf) -> dict[str, Any]:
-    """Mean and a 95% Student-t interval over runs (None with fewer than 2), clipped to ``[lo, hi]``."""
-    m = statistics.fmean(xs) if xs else math.nan
-    if len(xs) < 2:
-        return {"mean": m, "ci95": None, "n": len(xs)}
-    h = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return {"mean": m, "ci95": [max(lo, m - h), min(hi, m + h)], "n": len(xs)}
+    """Mean and a 95% Student-t interval over runs (None with fewer than 2), clipped to ``[lo, hi]``: for per-run
+    costs (wall-clock, tokens), not per-episode outcomes."""
+    r = mean_ci(xs)
+    return {"mean": r["mean"] if xs else math.nan, "ci95": clip(r["ci95"], lo, hi), "n": len(xs)}
 
 
 def load_run(d: Path) -> dict[str, Any]:
@@ -122,7 +124,7 @@ def load_run(d: Path) -> dict[str, Any]:
     not_trained = sum(v for k, v in outcomes.items() if k.startswith("filtered:"))
     steps = [r for r in rows if "elapsed_s" in r and "step" in r]
     rec: dict[str, Any] = {
-        "dir": str(d.relative_to(ROOT)), "seed": cfg.get("run", {}).get("seed"), "steps": res.get("steps"),
+        "dir": str(d.relative_to(ROOT)) if d.is_relative_to(ROOT) else str(d), "seed": cfg.get("run", {}).get("seed"), "steps": res.get("steps"),
         "train_wall_s": round(float(res["train_wall_s"]), 1),
         "rollout_s": round(sum(float(r.get("time/rollout_s", 0.0)) for r in steps), 1),
         "train_s": round(sum(float(r.get("time/train_s", 0.0)) for r in steps), 1),
@@ -222,7 +224,7 @@ def sweep_groups(args: argparse.Namespace) -> Path:
     gate sees at the start of training), through ``agentgym eval``; its episodes become ``groups.jsonl`` lines."""
     from agentgym.rollout.gates import canonical_calls
 
-    out = RUN / "sweep-start"
+    out = args.runs / "sweep-start"
     if not (out / "episodes.jsonl").exists() or args.force:
         sh("eval", "--env", "agentgym/Demo-v0", "--policy", f"vllm:{args.model}", "--split", "train",
            "--samples", str(args.group_size), "--seeds", "0", "--temperature", "1.0", "--max-turns", "6",
@@ -245,17 +247,24 @@ def _r(a: float, b: float) -> float | None:
 
 
 def summarize(args: argparse.Namespace) -> dict[str, Any]:
+    run_root, results = args.runs, args.results
     arms: dict[str, Any] = {}
-    b = RUN / "before" / "result.json"
+    b = run_root / "before" / "result.json"
     before = _eval(json.loads(b.read_text()).get("before")) if b.exists() else None
+    if before is not None:
+        recompute.export(run_root / "before" / "eval" / "before", "strategies", "before", "before", results=results)
+        before.update(recompute.arm_interval(recompute.arm_rows("strategies", "before", "before", results)))
     for arm in ARMS:
-        runs = [load_run(d) for d in sorted((RUN / arm).glob("seed*")) if (d / "result.json").exists()]
+        runs = [load_run(d) for d in sorted((run_root / arm).glob("seed*")) if (d / "result.json").exists()]
         if not runs:
             continue
-        after = [r["after"]["success"] for r in runs if r["after"]]
+        for r in runs:  # every held-out episode of every training seed, into the arm's file
+            if r["after"]:
+                recompute.export(ROOT / r["dir"] / "eval" / "after", "strategies", arm, "after", run_seed=r["seed"],
+                                 results=results)
         arms[arm] = {
             "config": f"configs/train/strategies/{ARMS[arm][0]}", "extra_sets": ARMS[arm][1], "compared_with": ARMS[arm][2],
-            "gate": (json.loads((RUN / arm / f"seed{runs[0]['seed']}" / "config.json").read_text()).get("gate")
+            "gate": (json.loads((run_root / arm / f"seed{runs[0]['seed']}" / "config.json").read_text()).get("gate")
                      if arm.startswith("gate") else None),
             "seeds": [r["seed"] for r in runs],
             "train_wall_s": t_ci([r["train_wall_s"] for r in runs], 0.0),
@@ -264,9 +273,11 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
             "cut_or_skipped_frac": t_ci([r["cut_or_skipped_frac"] for r in runs], 0.0, 1.0),
             "optimizer_steps": t_ci([float(r["optimizer_steps"]) for r in runs], 0.0),
             "trained_samples": t_ci([float(r["trained_samples"]) for r in runs], 0.0),
-            "after_success": t_ci(after, 0.0, 1.0),
+            # clustered by task over all training seeds, from the exported episodes
+            "after_success": recompute.arm_interval(recompute.arm_rows("strategies", arm, "after", results)),
             "runs": runs,
         }
+    name_of = {id(a): n for n, a in arms.items()}
     for a in arms.values():
         ref = arms.get(a["compared_with"])
         if ref is None:
@@ -274,7 +285,8 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
         a["wall_vs_reference"] = _r(a["train_wall_s"]["mean"] - ref["train_wall_s"]["mean"], ref["train_wall_s"]["mean"])
         a["tokens_vs_reference"] = _r(a["generated_tokens"]["mean"] - ref["generated_tokens"]["mean"],
                                       ref["generated_tokens"]["mean"])
-        a["success_vs_reference_pp"] = round(100 * (a["after_success"]["mean"] - ref["after_success"]["mean"]), 2)
+        a["success_vs_reference"] = recompute.paired(recompute.arm_rows("strategies", a["compared_with"], "after", results),
+                                                     recompute.arm_rows("strategies", name_of[id(a)], "after", results))
     for name in ("baseline", "baseline_slice4"):
         base = arms.get(name)
         if not base:
@@ -289,24 +301,22 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
                               "stop_rate": _r(audit.get("stops", 0), audit.get("decisions", 0))}
     return {
         "benchmark": "rollout-saving strategies in real GRPO runs (SmolLM2-135M SFT model, Demo-v0)",
-        "command": "python benchmarks/bench_strategies.py " + " ".join(sys.argv[1:]),
         "settings": {"model": args.model, "env": "agentgym/Demo-v0", "steps": args.steps, "group_size": args.group_size,
                      "groups_per_step": args.groups_per_step, "eval": {"split": "test", "tasks": args.eval_tasks,
                                                                         "seeds": args.eval_seeds, "temperature": 1.0}},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "gpu": None},
-        "date": time.strftime("%Y-%m-%d"),
         "before": before, "arms": arms,
+        "recomputable": recompute.recompute("strategies", results),
         # the gate's rule replayed over the groups the baseline trained on (all seeds), and over the starting
         # model's groups on every train task
-        "gate_sweep": sweep([d / "groups.jsonl" for d in sorted((RUN / "baseline").glob("seed*"))]),
-        "gate_sweep_start_model": sweep([RUN / "sweep-start" / "groups.jsonl"]),
-        "pilot_replay": pilot_replay([d / "groups.jsonl" for d in sorted((RUN / "baseline").glob("seed*"))]),
-        "pilot_replay_start_model": pilot_replay([RUN / "sweep-start" / "groups.jsonl"]),
+        "gate_sweep": sweep([d / "groups.jsonl" for d in sorted((run_root / "baseline").glob("seed*"))]),
+        "gate_sweep_start_model": sweep([run_root / "sweep-start" / "groups.jsonl"]),
+        "pilot_replay": pilot_replay([d / "groups.jsonl" for d in sorted((run_root / "baseline").glob("seed*"))]),
+        "pilot_replay_start_model": pilot_replay([run_root / "sweep-start" / "groups.jsonl"]),
     }
 
 
 def markdown_table(out: dict[str, Any]) -> str:
-    """The README's table, from the JSON (mean [95% CI over seeds])."""
+    """The README's table, from the JSON (mean [95% CI]: costs over training seeds, success over tasks)."""
 
     def f(x: dict[str, Any], k: float = 1.0, nd: int = 0) -> str:
         m, ci = x["mean"], x["ci95"]
@@ -352,7 +362,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
         b.plot([x for x, _ in pts], [y for _, y in pts], marker=".", color=colors[arm], label=arm)
     a.set_xlabel("training wall-clock (s), rollouts + updates")
     a.set_ylabel("held-out success (%), T=1.0")
-    a.set_title("success vs wall-clock (mean, 95% CI over seeds)")
+    a.set_title("success vs wall-clock (95% CI: success over tasks, wall over seeds)")
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
     b.set_xlabel("training wall-clock (s)")
@@ -379,7 +389,13 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true", help="skip the starting model's sweep episodes")
     ap.add_argument("--force", action="store_true", help="rerun runs that already finished")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON and plot from runs/")
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"], help="rollout and eval backend")
+    ap.add_argument("--set", action="append", default=[], help="extra --set for every run (repeatable)")
+    ap.add_argument("--runs", default=str(RUN), help="run folder (default runs/strategies)")
+    ap.add_argument("--results", default=str(RESULTS), help="where the JSON, plot and episodes/ go")
     args = ap.parse_args()
+    args.runs, args.results = Path(args.runs), Path(args.results)
+    prov = Provenance.start()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.eval_seeds = [int(s) for s in args.eval_seeds.split(",")]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -387,7 +403,13 @@ def main() -> None:
     if bad:
         ap.error(f"unknown arm(s) {bad}; choose from {list(ARMS)}")
     if not args.summarize:
-        if not (ROOT / args.model).exists():
+        from agentgym.policies.models import resolve_model
+
+        from agentgym.errors import ConfigurationError
+
+        try:  # a folder (relative to the repository) or a known model name
+            resolve_model(str(ROOT / args.model) if (ROOT / args.model).exists() else args.model)
+        except ConfigurationError:
             sys.exit(f"{args.model} not found: run `make quickstart` first (it trains the SFT model every arm starts from)")
         before_eval(args)
         if not args.no_sweep:
@@ -396,10 +418,11 @@ def main() -> None:
             for arm in arms:
                 run_arm(arm, seed, args)
     out = summarize(args)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "strategies.json").write_text(json.dumps(out, indent=2) + "\n")
+    out["provenance"] = prov.finish()
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "strategies.json").write_text(json.dumps(out, indent=2) + "\n")
     if out["arms"]:
-        plot(out, RESULTS / "strategies.png")
+        plot(out, args.results / "strategies.png")
     print(markdown_table(out))
     print(json.dumps({a: {"wall_s": r["train_wall_s"]["mean"], "tokens": r["generated_tokens"]["mean"],
                           "cut": r["cut_or_skipped_frac"]["mean"], "after": r["after_success"]["mean"]}

@@ -20,17 +20,35 @@ version it was sampled under, so a generation that spans an update reports one v
 ``abort()`` ends in-flight rows early with ``finish_reason="abort"`` and the tokens so far (the
 rollout resumes them).
 
-On CPUs with native bf16 (AMX / AVX512-BF16) ``dtype="auto"`` loads bfloat16 (several times faster
-than fp32 there); elsewhere float32.
+**Prefix cache (multi-turn sessions).** A token-exact session sends its *whole* context every turn;
+prefilling it again each turn made multi-turn episodes quadratic. When a row finishes, its KV cache
+(prompt + completion, all but the last sampled token) is kept in a :class:`PrefixCache`, keyed by its
+token ids. A new row looks up the longest cached prefix of its prompt (its own previous turn, or a
+system prompt another episode shares) and prefills only the tokens after it, as vLLM's prefix cache
+does; rows of one call with the same prompt (``n`` samples of a group) are prefilled once. The cache
+is an LRU over entries under a byte budget (``prefix_cache_gib``; 0 turns it off and gives the
+uncached path). Every weight change through :meth:`HFPolicy.update_weights` or
+:meth:`HFPolicy.load_state_dict` empties it, and a row whose weights changed while it ran is not
+stored, so cached KV always comes from the weights now served. A session that restarts (a re-rendered
+conversation) no longer extends its old ids, so its old entry is never reused and ages out. Weights
+changed behind the policy's back (``policy.model`` trained in place) need :meth:`HFPolicy.clear_prefix_cache`.
+
+On CPUs with native bf16 (AMX / AVX512-BF16) ``dtype="auto"`` loads bfloat16; elsewhere float32, where
+bf16 matmuls are emulated and were measured slower (``benchmarks/bench_policies.py``, dtype section).
+When an HF policy on CPU generates slowly and vLLM is installed, one log line says to use ``vllm:``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
+import logging
 import queue
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +68,20 @@ from ._common import Truncation, cut_at_stop, prepare_prompts
 from .session import OnMismatch, TokenizerChatSession
 from .weights import signed_update, stage
 
-__all__ = ["HFPolicy", "cpu_has_native_bf16"]
+__all__ = ["HFPolicy", "PrefixCache", "cpu_has_native_bf16"]
+
+log = logging.getLogger(__name__)
+
+# The vLLM hint: after this much busy generation time, a CPU policy below this rate says to use vllm:.
+_HINT_AFTER_S = 20.0
+_HINT_BELOW_TOK_S = 50.0
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16", "auto": "auto"}
+
+
+def _vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def cpu_has_native_bf16() -> bool:
@@ -85,6 +113,119 @@ class _Row:
     cancelled: bool = False  # the caller gave up (deadline, cancellation): drop silently
     aborted: bool = False  # abort(): finish with what we have
     error: BaseException | None = None
+    epoch: int = -1  # the prefix cache's weight epoch when this row was prefilled
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One cached prefix: ``tokens [T]`` and per layer ``[1, H, T, D]`` keys and values."""
+
+    tokens: Any  # np.ndarray int64
+    layers: list[tuple[Any, Any]]
+    nbytes: int
+
+
+class PrefixCache:
+    """KV caches of finished rows keyed by their token ids: an LRU under a byte budget.
+
+    Thread-safe: the decode loop looks up and stores; weight updates call :meth:`invalidate` from
+    other threads. ``epoch`` counts invalidations; :meth:`store` refuses KV computed under an older epoch.
+
+    Args:
+        budget_bytes: Most bytes of keys and values held; least recently used entries go first.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self.epoch = 0
+        self.bytes = 0
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.counters = {"lookups": 0, "hits": 0, "reused_tokens": 0, "stored": 0, "evicted": 0, "invalidated": 0}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held over all entries."""
+        return sum(len(e.tokens) for e in self._entries.values())
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[_Entry | None, int]:
+        """The entry sharing the longest prefix with ``prompt`` and that length (at most ``len(prompt) - 1``,
+        so at least one token is left to prefill); ``(None, 0)`` when nothing is shared."""
+        import numpy as np
+
+        p = np.asarray(prompt, dtype=np.int64)
+        limit = len(p) - 1
+        best: tuple[int, _Entry] | None = None
+        best_len = 0
+        with self._lock:
+            self.counters["lookups"] += 1
+            for key, e in self._entries.items():
+                n = min(limit, len(e.tokens))
+                if n <= best_len:
+                    continue
+                diff = np.flatnonzero(e.tokens[:n] != p[:n])
+                shared = int(diff[0]) if diff.size else n
+                if shared > best_len:
+                    best, best_len = (key, e), shared
+            if best is None:
+                return None, 0
+            self._entries.move_to_end(best[0])
+            self.counters["hits"] += 1
+            self.counters["reused_tokens"] += best_len
+            return best[1], best_len
+
+    def store(self, tokens: Sequence[int], layers: list[tuple[Any, Any]], epoch: int) -> bool:
+        """Keep ``layers`` (per layer ``[1, H, T, D]``) for ``tokens [T]``; returns whether it was kept.
+
+        Refused when computed under an older epoch or bigger than the whole budget. An entry whose
+        tokens are a prefix of the new one is dropped (the new one serves every lookup it would); a
+        new entry that is a prefix of an existing one only refreshes that one.
+        """
+        import numpy as np
+
+        nbytes = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
+        if nbytes > self.budget_bytes:
+            return False
+        t = np.asarray(tokens, dtype=np.int64)
+        with self._lock:
+            if epoch != self.epoch:
+                return False
+            for key, e in list(self._entries.items()):
+                n = len(e.tokens)
+                if n <= len(t) and np.array_equal(e.tokens, t[:n]):
+                    self._drop(key)
+                elif n > len(t) and np.array_equal(e.tokens[: len(t)], t):
+                    self._entries.move_to_end(key)
+                    return False
+            self._entries[next(self._ids)] = _Entry(t, layers, nbytes)
+            self.bytes += nbytes
+            self.counters["stored"] += 1
+            while self.bytes > self.budget_bytes and self._entries:
+                self._drop(next(iter(self._entries)))
+                self.counters["evicted"] += 1
+            return True
+
+    def invalidate(self) -> None:
+        """Drop every entry and start a new epoch (the weights changed)."""
+        with self._lock:
+            self.epoch += 1
+            self._entries.clear()
+            self.bytes = 0
+            self.counters["invalidated"] += 1
+
+    def stats(self) -> dict[str, Any]:
+        """Entries, tokens and bytes held, the budget, and the counters."""
+        with self._lock:
+            return {"entries": len(self._entries), "tokens": sum(len(e.tokens) for e in self._entries.values()),
+                    "bytes": self.bytes, "budget_bytes": self.budget_bytes, "epoch": self.epoch, **self.counters}
+
+    def _drop(self, key: int) -> None:
+        e = self._entries.pop(key)
+        self.bytes -= e.nbytes
 
 
 class _Cache:
@@ -160,6 +301,12 @@ class HFPolicy(PolicyLifecycle):
         seed: Seeds the generator of unseeded rows (the global torch RNG is never touched).
         weights_key: The key that signed weight payloads must verify with (default: the process's
             ``AGENTGYM_WEIGHTS_KEY``); :class:`~agentgym.weights.WeightUpdate` objects need none.
+        prefix_cache_gib: Byte budget of the prefix cache (KV of finished rows reused by later turns;
+            see the module docstring); ``0`` turns it off.
+
+    Attributes:
+        prefill_tokens: Prompt tokens run through the model in prefills (cached prefixes excluded).
+        prefix_cache: The :class:`PrefixCache`, or ``None`` when off.
     """
 
     capabilities = Capabilities(sessions=True, weight_updates=True, abort=True)
@@ -178,6 +325,7 @@ class HFPolicy(PolicyLifecycle):
         on_mismatch: OnMismatch = "raise",
         seed: int = 0,
         weights_key: str | None = None,
+        prefix_cache_gib: float = 1.0,
         _model: Any = None,
         _tokenizer: Any = None,
     ) -> None:
@@ -194,7 +342,10 @@ class HFPolicy(PolicyLifecycle):
             raise ConfigurationError(f"truncation must be 'error' or 'left', got {truncation!r}")
         if max_batch_size < 1:
             raise ConfigurationError("max_batch_size must be >= 1")
+        if not prefix_cache_gib >= 0:
+            raise ConfigurationError(f"prefix_cache_gib must be >= 0, got {prefix_cache_gib!r}")
         self.policy_id = policy_id
+        self._model_name = model
         if _model is not None:
             self.model_path = str(getattr(_model, "name_or_path", "") or "<in-memory model>")
             self.tokenizer = _tokenizer
@@ -237,6 +388,13 @@ class HFPolicy(PolicyLifecycle):
         self._ids = itertools.count()
         self.steps = 0  # decode steps run (for tests and benchmarks)
         self.batch_sizes: list[int] = []  # rows in each decode step (for tests and benchmarks)
+        self.prefill_tokens = 0
+        self.prefix_cache_gib = float(prefix_cache_gib)
+        self.prefix_cache: PrefixCache | None = (PrefixCache(int(prefix_cache_gib * 2**30)) if prefix_cache_gib > 0
+                                                 else None)
+        self._busy_s = 0.0  # generation loop time with work, and tokens sampled in it (for the vLLM hint)
+        self._sampled = 0
+        self._hinted = False
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, **kwargs: Any) -> HFPolicy:
@@ -253,7 +411,7 @@ class HFPolicy(PolicyLifecycle):
         return describe_policy(self, backend="transformers (continuous batching)", model_path=str(self.model_path),
                                device=str(self.device), dtype=str(self.model.dtype).replace("torch.", ""),
                                weight_version=self.weight_version, context_length=self.context_length,
-                               max_batch_size=self.max_batch_size)
+                               max_batch_size=self.max_batch_size, prefix_cache_gib=self.prefix_cache_gib)
 
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         """Generate ``n`` completions per request (request-major order); joins the running batch."""
@@ -337,6 +495,7 @@ class HFPolicy(PolicyLifecycle):
                 check_version(self.weight_version, version)
             missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
             tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            self.clear_prefix_cache()  # loaded tensors may already have changed, even if the check below fails
             if strict and (set(missing) - tied or unexpected):
                 raise ConfigurationError(f"state dict mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
             if version is not None:
@@ -366,13 +525,22 @@ class HFPolicy(PolicyLifecycle):
         with self._lock:
             check_version(self.weight_version, version)
             state = self.model.state_dict(keep_vars=True)
-            changed = stage({k: v.data for k, v in state.items()}, update).commit()
+            try:
+                changed = stage({k: v.data for k, v in state.items()}, update).commit()
+            finally:
+                self.clear_prefix_cache()  # the weights the cached keys/values came from are gone
             self.weight_version = version
             return changed
 
     async def update_weights_async(self, update: WeightUpdate | bytes, version: int) -> list[str]:
         """:meth:`update_weights` without blocking the event loop."""
         return await asyncio.to_thread(self.update_weights, update, version)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix (called on every weight change; call it after changing
+        ``self.model``'s weights any other way)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.invalidate()
 
     # --------------------------------------------------------------- the loop
     def _ensure_thread(self) -> None:
@@ -404,6 +572,7 @@ class HFPolicy(PolicyLifecycle):
                     pending.append(nxt)
                 pending = [r for r in pending if not self._skip(r)]
                 with self._lock, torch.inference_mode():
+                    t0 = time.perf_counter()  # after the lock: time a trainer holds it is not generation time
                     logits: list[Any] = []
                     if self._active:
                         logits.append(self._decode_step())
@@ -412,7 +581,9 @@ class HFPolicy(PolicyLifecycle):
                         self._active += pending
                     if logits:
                         self._sample(torch.cat(logits) if len(logits) > 1 else logits[0])
+                    busy = time.perf_counter() - t0
                 self._retire()
+                self._note_speed(busy)
             except Exception as e:  # a failing step fails its rows, never the loop
                 for r in self._active:
                     r.error = e
@@ -440,23 +611,64 @@ class HFPolicy(PolicyLifecycle):
         return False
 
     def _prefill(self, rows: list[_Row]) -> Any:
-        """Forward the new rows' prompts (left-padded); merge their caches; return last logits ``[N, V]``."""
+        """Forward the new rows' prompts and merge their caches; return last logits ``[N, V]`` (row order).
+
+        With the prefix cache on, rows with the same prompt are forwarded once, and each distinct prompt
+        starts from its longest cached prefix: only the tokens after it are forwarded. Layout of the
+        batch (``B`` distinct prompts): the cached keys/values ``[B, H, P, D]`` right-aligned in ``P`` (the
+        longest cached prefix), then the new tokens ``[B, S]`` right-aligned in ``S``; the attention mask
+        ``[B, P + S]`` is 1 exactly on each row's real positions, so a row's padding sits between its
+        prefix and its new tokens, and its positions continue from its prefix length.
+        """
         import torch
         from transformers import DynamicCache
 
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids[b, width - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
-            mask[b, width - len(r.prompt):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        prefix = self.prefix_cache
+        if prefix is None:
+            uniq, index = [r.prompt for r in rows], list(range(len(rows)))
+            hits: list[tuple[_Entry | None, int]] = [(None, 0)] * len(rows)
+        else:
+            seen: dict[tuple[int, ...], int] = {}
+            index = [seen.setdefault(tuple(r.prompt), len(seen)) for r in rows]
+            uniq = [list(k) for k in seen]
+            hits = [prefix.lookup(u) for u in uniq]
+            for r in rows:
+                r.epoch = prefix.epoch
         dev = self.device
+        b = len(uniq)
+        plen = max(n for _, n in hits)
+        suffix = [u[n:] for u, (_, n) in zip(uniq, hits, strict=True)]
+        width = max(len(x) for x in suffix)
+        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, plen + width), dtype=torch.long)
+        start = torch.tensor([n for _, n in hits], dtype=torch.long)  # [B] position of the first new token
+        for i, ((_, n), x) in enumerate(zip(hits, suffix, strict=True)):
+            ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            mask[i, plen - n:plen] = 1
+            mask[i, plen + width - len(x):] = 1
+        new = mask[:, plen:]
+        pos = ((new.cumsum(-1) - 1).clamp(min=0) + start.unsqueeze(1))
+        cache = DynamicCache()
+        if plen:
+            first = next(e for e, _ in hits if e is not None)
+            for layer, (k0, v0) in enumerate(first.layers):
+                shape = (b, k0.shape[1], plen, k0.shape[3])
+                k, v = k0.new_zeros(shape), v0.new_zeros(shape)
+                for i, (e, n) in enumerate(hits):
+                    if e is not None and n:
+                        k[i, :, plen - n:] = e.layers[layer][0][0, :, :n]
+                        v[i, :, plen - n:] = e.layers[layer][1][0, :, :n]
+                cache.update(k.to(dev), v.to(dev), layer)
+        self.prefill_tokens += sum(len(x) for x in suffix)
         out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._cache.merge(out.past_key_values, mask, mask.sum(-1))
-        return out.logits[:, -1, :].float()
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        if index != list(range(b)):  # rows sharing a prompt: one forward, copied per row
+            sel = torch.tensor(index, dtype=torch.long)
+            cache.batch_select_indices(sel.to(dev))
+            mask, logits = mask.index_select(0, sel), logits.index_select(0, sel.to(logits.device))
+        self._cache.merge(cache, mask, mask.sum(-1))
+        return logits
 
     def _decode_step(self) -> Any:
         """One token for every active row; returns logits ``[B, V]``."""
@@ -479,6 +691,7 @@ class HFPolicy(PolicyLifecycle):
         rows = self._active
         self.steps += 1
         self.batch_sizes.append(len(rows))
+        self._sampled += len(rows)
         logp = torch.log_softmax(logits, dim=-1)  # [B, V] raw logprobs, before any warping
         temps = torch.tensor([r.sampling.temperature for r in rows], dtype=logits.dtype)
         greedy = temps <= 0
@@ -535,22 +748,56 @@ class HFPolicy(PolicyLifecycle):
         return any(s in tail for s in r.stop)
 
     def _retire(self) -> None:
-        """Deliver finished rows and drop them from the batch."""
+        """Cache, deliver and drop finished rows (cached first: a caller's next turn always finds its KV)."""
         keep: list[int] = []
+        done: list[tuple[int, _Row]] = []
         for i, r in enumerate(self._active):
             if r.finish is None and r.aborted:
                 r.finish = "abort"
             if r.finish is None and not r.cancelled:
                 keep.append(i)
-                continue
+            else:
+                done.append((i, r))
+        if not done:
+            return
+        if self.prefix_cache is not None and self._cache.cache is not None:
+            for i, r in done:
+                if r.error is None and not r.cancelled and r.tokens:
+                    self._store_prefix(i, r)
+        for _, r in done:
             if r.error is not None:
                 self._deliver(r, r.error if isinstance(r.error, PolicyError) else PolicyError(f"HF generation failed: {r.error}"))
             elif not r.cancelled:
                 self._deliver(r, self._result(r, r.finish or "length"))
-        if len(keep) != len(self._active):
-            self._active = [self._active[i] for i in keep]
-            if self._cache.cache is not None:
-                self._cache.keep(keep)
+        self._active = [self._active[i] for i in keep]
+        if self._cache.cache is not None:
+            self._cache.keep(keep)
+
+    def _store_prefix(self, i: int, r: _Row) -> None:
+        """Put batch row ``i``'s KV (prompt + completion but its last token, which was never forwarded) in
+        the prefix cache, unless the weights changed while it ran."""
+        assert self.prefix_cache is not None
+        if r.epoch != self.prefix_cache.epoch:
+            return
+        c = self._cache
+        cols = c.mask[i].nonzero().view(-1)
+        tokens = r.prompt + r.tokens[:-1]
+        if cols.numel() != len(tokens):  # never expected: the mask's real positions are exactly these tokens
+            return
+        cols = cols.to(self.device)
+        layers = [(k[i:i + 1].index_select(2, cols), v[i:i + 1].index_select(2, cols)) for k, v in c.layers_of(c.cache)]
+        self.prefix_cache.store(tokens, layers, r.epoch)
+
+    def _note_speed(self, seconds: float) -> None:
+        """Once per policy: a CPU policy generating slowly, with vLLM installed, says to use ``vllm:``."""
+        self._busy_s += seconds
+        if self._hinted or self._busy_s < _HINT_AFTER_S or not str(self.device).startswith("cpu"):
+            return
+        self._hinted = True
+        rate = self._sampled / self._busy_s
+        if rate < _HINT_BELOW_TOK_S and _vllm_installed():
+            log.warning("HFPolicy generated %.1f tokens/s (prefills included) on this CPU; vLLM is installed and batches faster here: "
+                        "use --policy vllm:%s (training: rollout.backend = \"vllm\")", rate, self._model_name)
 
     def _result(self, r: _Row, reason: str) -> Generation:
         text = self.tokenizer.decode(r.tokens, skip_special_tokens=True) if r.tokens else ""

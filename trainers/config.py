@@ -272,7 +272,7 @@ class EvalConfig(_Section):
     """Held-out evaluation through ``agentgym.eval`` (same protocol and summary as ``agentgym eval``).
 
     Attributes:
-        seeds: Eval seeds; the CI is over seeds. With ``temperature = 0`` on a deterministic env every
+        seeds: Eval seeds (the CI resamples tasks, seeds kept together). With ``temperature = 0`` on a deterministic env every
             seed gives the same episodes (a zero-width CI says nothing): sample (``temperature > 0``)
             to measure the spread.
         sampling_seeds: Derive a sampling seed per (seed, task, turn) so a rerun reproduces the eval

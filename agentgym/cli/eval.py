@@ -425,7 +425,7 @@ def register(app: typer.Typer) -> None:
         tasks: Annotated[int | None, typer.Option(help="Tasks per env (default: the whole split).")] = None,
         samples: Annotated[int | None, typer.Option(help="Episodes per task and seed (the k of pass@k).",
                                                     show_default="1")] = None,
-        seeds: Annotated[str | None, typer.Option(help="Seeds, e.g. 0,1,2 or 0-4; CIs are over seeds.",
+        seeds: Annotated[str | None, typer.Option(help="Seeds, e.g. 0,1,2 or 0-4 (CIs resample tasks, keeping their seeds together).",
                                                   show_default="0")] = None,
         max_turns: Annotated[int | None, typer.Option(help="Turns per episode (default: the env's limit).")] = None,
         max_tokens: Annotated[int | None, typer.Option(help="Tokens per generation.", show_default="256")] = None,

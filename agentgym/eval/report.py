@@ -1,7 +1,7 @@
 """``agentgym report``: compare eval runs side by side (Markdown + PNG plots).
 
 Each run is an ``agentgym eval`` output directory (``summary.json`` + ``episodes.jsonl``). The
-report has success by env (with 95% CIs over seeds), success by task type, and success by number
+report has success by env (with 95% CIs: a bootstrap over tasks, or Wilson), success by task type, and success by number
 of turns (the share of episodes solved within t turns), as Markdown tables and matplotlib PNGs
 (Agg backend, no display needed).
 """
@@ -73,7 +73,7 @@ def _succ_cell(block: dict[str, Any] | None) -> str:
     if m is None:
         return "–"
     if ci:
-        return f"{_pct(m)} ± {100 * (ci[1] - ci[0]) / 2:.1f}"
+        return f"{_pct(m)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
     return _pct(m)
 
 
@@ -105,7 +105,7 @@ def render_markdown(runs: list[Run], images: dict[str, str] | None = None) -> st
                      f"{p.get('samples', '?')} | {r.summary.get('finished_episodes', '?')} | "
                      f"{r.summary.get('complete', '?')} |")
     envs = sorted({e for r in runs for e in r.envs})
-    lines += ["", "## Success by env", "", "Mean over seeds ± half-width of the 95% CI (when there are ≥2 seeds).",
+    lines += ["", "## Success by env", "", "Success rate [95% CI: bootstrap over tasks, or Wilson where every task scores the same].",
               "", "| env | " + " | ".join(r.name for r in runs) + " |", "|---|" + "---|" * len(runs)]
     for e in envs:
         lines.append(f"| {e} | " + " | ".join(_succ_cell(r.summary["envs"].get(e)) for r in runs) + " |")
@@ -183,7 +183,7 @@ def _plots(runs: list[Run], out: Path) -> dict[str, str]:
             hi.append(100 * (ci[1] - s["mean"]))
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=r.name)
     _finish_bars(plt, fig, ax, [e.replace("agentgym/", "") for e in envs], len(runs), width,
-                 "Success by env (95% CI over seeds)", out / "success_by_env.png", rotation=20)
+                 "Success by env (95% CI, bootstrap over tasks)", out / "success_by_env.png", rotation=20)
     images["env"] = "success_by_env.png"
 
     # success by task type

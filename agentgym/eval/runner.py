@@ -10,7 +10,9 @@ Output directory:
 * ``episodes.jsonl``: one full trajectory per finished episode, appended as it finishes. On a rerun
   with the same protocol, finished episodes are skipped (episodes that ended with an error are run
   again unless ``retry_errors=False``); the last record of an episode wins.
-* ``summary.json``: per env and overall: success rate and mean reward with 95% CI over seeds,
+* ``summary.json``: per env and overall: success rate and mean reward with 95% CIs (a bootstrap over
+  tasks, each task's seeds and samples kept together; Wilson where every task scores the same; see
+  :func:`~agentgym.eval.stats.success_interval`),
   unbiased pass@k, turns, tokens, parse errors, truncation reasons, timings, success by task type
   and by number of turns, the tasks each env loaded, skipped (with reasons) and evaluated, and
   the full protocol (env and policy versions, template, parser,
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import platform
 import sys
 import time
@@ -38,7 +41,7 @@ from pydantic import Field, field_validator
 import agentgym
 from agentgym.config import ConfigModel
 from agentgym.errors import ConfigurationError
-from agentgym.eval.stats import mean_ci, pass_at_k, wilson_interval
+from agentgym.eval.stats import mean_ci, pass_at_k, success_interval
 from agentgym.policy import Policy, SamplingParams, capabilities_of
 from agentgym.rollout.batching import micro_batch
 from agentgym.rollout.engine import RolloutEngine
@@ -71,7 +74,7 @@ class EvalConfig(ConfigModel):
         split_overrides: ``{env_id: split}`` for envs that should use another split.
         tasks: Tasks per env (``None``: the whole split). Chosen evenly spread over the split.
         samples: Episodes per task and seed (K of pass@k).
-        seeds: Env/sampling seeds, distinct; CIs are computed over seeds.
+        seeds: Env/sampling seeds (the CIs resample tasks, keeping each task's seeds together).
         max_turns: Policy turns per episode (``None``: the env's registered limit).
         max_total_tokens / max_wall_s: Further per-episode limits (truncate).
         max_tokens / temperature / top_p: Sampling per turn.
@@ -486,11 +489,10 @@ def _block(trajs: list[Trajectory], seeds: Sequence[int], samples: int) -> dict[
     succ = [sum(t.success for t in by_seed[s]) / len(by_seed[s]) for s in seed_list]
     rew = [sum(t.reward for t in by_seed[s]) / len(by_seed[s]) for s in seed_list]
     n = len(trajs)
-    n_succ = sum(t.success for t in trajs)
-    success = mean_ci(succ)
-    success.update(pooled=n_succ / n if n else None, wilson95=wilson_interval(n_succ, n), per_seed=succ)
-    reward = mean_ci(rew)
-    reward["per_seed"] = rew
+    by_task = [((t.env_id, t.task_id), float(t.success)) for t in trajs]
+    success = {**success_interval(by_task), "n": len(seed_list), "per_seed": succ}  # n: seeds
+    reward = {**success_interval([((t.env_id, t.task_id), float(t.reward)) for t in trajs], binary=False,
+                                 bounds=(-math.inf, math.inf)), "n": len(seed_list), "per_seed": rew}
     passk: dict[str, Any] = {}
     for k in _ks(samples):
         vals = []

@@ -27,7 +27,8 @@ async def test_demo_expert_is_perfect_and_summary_is_complete(tmp_path: Path) ->
     s = await arun_eval(ExpertPolicy(), cfg, tmp_path)
     b = s["envs"]["agentgym/Demo-v0"]
     assert s["complete"] and s["finished_episodes"] == s["expected_episodes"] == 36 == lines(tmp_path)
-    assert b["success"]["mean"] == 1.0 and b["success"]["ci95"] == [1.0, 1.0] and b["success"]["per_seed"] == [1.0] * 3
+    assert b["success"]["mean"] == 1.0 and b["success"]["per_seed"] == [1.0] * 3
+    assert b["success"]["method"] == "wilson" and 0.85 < b["success"]["ci95"][0] < 1.0 == b["success"]["ci95"][1]
     assert b["reward"]["mean"] == 1.0 and b["errors"] == 0 and b["truncated"] == 0
     assert set(b["pass_at_k"]) == {"pass@1", "pass@2", "pass@3"}
     assert 1 <= b["turns"]["mean"] <= 6 and b["parse_errors"]["total"] == 0
@@ -48,7 +49,8 @@ async def test_success_rate_and_ci_over_seeds_are_computed_not_assumed(tmp_path:
     b = s["envs"][ENV]
     # 4 of 9 test tasks spread: ok-1, ok-3, ok-5, ok-7 -> one task lost to errors in every seed
     assert s["protocol"]["envs"][ENV]["task_ids"] == ["ok-1", "ok-3", "ok-5", "ok-7"]
-    assert b["success"]["per_seed"] == [0.75, 0.75] and b["success"]["ci95"] == [0.75, 0.75]
+    assert b["success"]["per_seed"] == [0.75, 0.75] and b["success"]["method"] == "bootstrap over tasks"
+    assert b["success"]["ci95"][0] < 0.75 < b["success"]["ci95"][1]  # the seeds tie, the tasks do not
     assert b["errors"] == 4 and b["error_examples"] == ["PolicyError: backend exploded"]
     assert b["pass_at_k"]["pass@2"]["mean"] == 0.75
     assert b["by_task_type"] == {"odd": {"episodes": 16, "success": 0.75}}
@@ -139,8 +141,8 @@ async def test_report_compares_runs(tmp_path: Path) -> None:
     await arun_eval(FailingPolicy({"ok-5"}), EvalConfig([ENV], tasks=4, seeds=[0, 1]), b)
     path = write_report([a, b], tmp_path / "rep")
     md = path.read_text()
-    assert "| agentgym/TestCounter-v0 | 100.0% ± 0.0 | 75.0% ± 0.0 |" in md
-    assert "| agentgym/Demo-v0 | 100.0% ± 0.0 | – |" in md
+    assert "| agentgym/TestCounter-v0 | 100.0% [" in md and "| 75.0% [" in md
+    assert "| agentgym/Demo-v0 | 100.0% [" in md and "] | – |" in md
     assert "| agentgym/TestCounter-v0 | odd | 100.0% (n=8) | 75.0% (n=8) |" in md
     for png in ("success_by_env.png", "success_by_task_type.png", "success_by_turns.png"):
         data = (tmp_path / "rep" / png).read_bytes()
