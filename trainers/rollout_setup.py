@@ -13,7 +13,7 @@ from typing import Any
 
 from agentgym.rollout.workflow import Workflow
 
-__all__ = ["make_env", "make_rollout_policy", "make_workflow", "policy_paths", "service_workflows"]
+__all__ = ["make_env", "make_rollout_policy", "make_workflow", "policy_paths", "registered_workflow", "service_workflows"]
 
 
 def policy_paths(cfg: Mapping[str, Any]) -> dict[str, str]:
@@ -48,6 +48,8 @@ def make_workflow(cfg: Mapping[str, Any], policies: Mapping[str, Any]) -> Workfl
     from agentgym.rollout.multi_policy import SolverVerifierWorkflow
     from agentgym.rollout.pilot import PilotCommitWorkflow
 
+    if cfg["multi"]["workflow"] not in ("none", "solver_verifier"):
+        return registered_workflow(cfg, policies)
     r = cfg["rollout"]
     sampling = SamplingParams(temperature=r["temperature"], top_p=r["top_p"], max_tokens=r["max_tokens"])
     limits = RolloutLimits(max_turns=r.get("max_turns"), max_total_tokens=r.get("max_total_tokens"),
@@ -69,6 +71,14 @@ def make_workflow(cfg: Mapping[str, Any], policies: Mapping[str, Any]) -> Workfl
     if pilot["mode"] != "off":
         return PilotCommitWorkflow(wf, pilot["size"], audit=pilot["mode"] == "audit", gate_log=deque(maxlen=256))
     return wf
+
+
+def registered_workflow(cfg: Mapping[str, Any], policies: Mapping[str, Any]) -> Workflow:
+    """``multi.workflow`` naming a registered workflow (``harness``: an external agent through the policy
+    endpoint), built by its factory from the config and the ``policy`` rollout policy."""
+    from agentgym.harness.registry import workflow_factory
+
+    return workflow_factory(cfg["multi"]["workflow"])(cfg, policies)
 
 
 def service_workflows(cfg: Mapping[str, Any]) -> dict[str, Workflow]:

@@ -136,6 +136,9 @@ class Rollout:
         """The last reported reward (Agent Lightning's rule: the final reward event counts)."""
         return self.rewards[-1] if self.rewards else None
 
+    def reward_log(self) -> list[dict[str, Any]]:
+        return [{"value": e.value, "success": e.success, "source": e.source} for e in self.rewards]
+
     def trajectory(self, *, task_id: str | None = None, env_id: str = "", group_id: str = "",
                    member: int = 0) -> Trajectory:
         """The rollout as a training :class:`~agentgym.types.Trajectory`: one segment per chain, the
@@ -148,8 +151,7 @@ class Rollout:
             traj.reward = r.value
             traj.success = bool(r.success) if r.success is not None else r.value > 0
         traj.metrics = tr.metrics()
-        traj.info = {**self.info, "rollout_id": self.rollout_id, "mode": self.mode,
-                     "rewards": [{"value": e.value, "success": e.success, "source": e.source} for e in self.rewards]}
+        traj.info = {**self.info, "rollout_id": self.rollout_id, "mode": self.mode, "rewards": self.reward_log()}
         if self.events:
             traj.info["events"] = list(self.events)
         return traj

@@ -171,7 +171,7 @@ def create_app(endpoint: PolicyEndpoint, *, token: str | None = None, max_reques
     async def status(rollout_id: str) -> dict[str, Any]:
         r = ep.rollout(rollout_id, create=False)
         return {"rollout_id": rollout_id, "mode": r.mode, "in_flight": r.in_flight, "metrics": r.trace.metrics(),
-                "rewards": [{"value": e.value, "success": e.success, "source": e.source} for e in r.rewards]}
+                "rewards": r.reward_log()}
 
     @router.post("/rollout/{rollout_id}/finish")
     async def finish(rollout_id: str, request: Request) -> dict[str, Any]:
