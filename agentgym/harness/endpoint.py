@@ -215,6 +215,7 @@ class PolicyEndpoint:
         self.count_rerender_drift = count_rerender_drift
         self.rollouts: dict[str, Rollout] = {}
         self.requests = 0
+        self._last_sweep = time.monotonic()
         self._bindings: dict[str, PolicyBinding] = {}
 
     # ------------------------------------------------------------------------------------- rollouts
@@ -270,6 +271,16 @@ class PolicyEndpoint:
         now = time.monotonic() if now is None else now
         out = [r for r in self.rollouts.values() if not r.in_flight and now - r.last_used > self.rollout_idle_s]
         return [self.close_rollout(r.rollout_id) for r in out]
+
+    def close_all(self) -> list[Rollout]:
+        """Close every open rollout (at shutdown)."""
+        return [self.close_rollout(rid) for rid in list(self.rollouts)]
+
+    def _maybe_expire(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep > min(60.0, self.rollout_idle_s / 4):
+            self._last_sweep = now
+            self.expire_idle(now)
 
     def post_reward(self, rollout_id: str, value: Any, *, success: Any = None, source: str = "call") -> RewardEvent:
         """Record a reward for a rollout (``POST /rollout/{id}/reward``).
@@ -343,6 +354,7 @@ class PolicyEndpoint:
 
     # ------------------------------------------------------------------------------------- requests
     def _admit(self, rollout_id: str | None) -> Rollout | None:
+        self._maybe_expire()
         if rollout_id is None:
             return None
         r = self.rollout(rollout_id)

@@ -111,6 +111,55 @@ async def async_tool_agent(task: dict[str, Any]) -> None:
                 return
 
 
+async def agents_sdk_agent(task: dict[str, Any]) -> None:
+    """An OpenAI Agents SDK agent: the env's tools as ``FunctionTool``s that POST to the env's URL, the
+    model through ``OpenAIChatCompletionsModel`` on the task's ``base_url``; it stops when the episode ends."""
+    import httpx
+    from agents import (
+        Agent,
+        FunctionTool,
+        MaxTurnsExceeded,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        ToolsToFinalOutputResult,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # a local model: no traces go to OpenAI
+    done = {"flag": False}
+    env = httpx.AsyncClient(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300)
+
+    def make_tool(spec: dict[str, Any]) -> FunctionTool:
+        fn = spec["function"]
+
+        async def invoke(ctx: Any, args: str) -> str:
+            call = {"id": ctx.tool_call_id, "type": "function", "function": {"name": fn["name"], "arguments": args}}
+            out = (await env.post(task["env_url"] + "/step", json={"tool_calls": [call]})).json()
+            done["flag"] = out["done"]
+            return "\n".join(m["content"] for m in out["messages"])
+
+        return FunctionTool(name=fn["name"], description=fn.get("description", ""),
+                            params_json_schema=fn["parameters"], on_invoke_tool=invoke, strict_json_schema=False)
+
+    def stop_when_done(_ctx: Any, results: list[Any]) -> ToolsToFinalOutputResult:
+        return ToolsToFinalOutputResult(is_final_output=done["flag"], final_output=results[-1].output if done["flag"] else None)
+
+    system = next((m["content"] for m in task["messages"] if m["role"] == "system"), None)
+    client = AsyncOpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0)
+    agent = Agent(name="solver", instructions=system, tools=[make_tool(t) for t in task["tools"]],
+                  model=OpenAIChatCompletionsModel(model=task["model"], openai_client=client),
+                  model_settings=ModelSettings(max_tokens=64), tool_use_behavior=stop_when_done)
+    try:
+        await Runner.run(agent, [m for m in task["messages"] if m["role"] != "system"], max_turns=4)
+    except MaxTurnsExceeded:
+        pass  # the episode was not solved in time: the env's reward says so
+    finally:
+        await client.close()
+        await env.aclose()
+
+
 def crashing_agent(task: dict[str, Any]) -> None:
     """Calls the model once, then fails."""
     import openai

@@ -188,3 +188,23 @@ async def test_a_container_agent_without_a_network(tiny_tokenizer: Any) -> None:
     [g] = await run(workflow(policy, agent, g=2), ["owl-red"])
     assert [(t.error, t.reward) for t in g] == [(None, 1.0), (None, 1.0)]
     assert all(t.metrics["segments"] == 1 for t in g)
+
+
+async def test_an_openai_agents_sdk_agent_runs_an_episode(tiny_tokenizer: Any) -> None:
+    """The Agents SDK re-sends the assistant's tool call in its own shape; the recorded ids are reused."""
+    policy = ScriptedTokenPolicy(tiny_tokenizer)
+    [g] = await run(workflow(policy, CallableAgent(harness_agents.agents_sdk_agent), g=2), ["owl-red"])
+    for t in g:
+        assert t.error is None, t.error
+        assert (t.reward, t.success, t.metrics["env_steps"]) == (1.0, True, 2)
+        assert t.metrics["segments"] == 1 and t.metrics["reused_completions"] == 1
+        check_exact(t, policy)
+
+
+async def test_a_harness_that_rewrites_its_context_gets_a_new_segment(tiny_tokenizer: Any) -> None:
+    policy = ScriptedTokenPolicy(tiny_tokenizer)
+    [g] = await run(workflow(policy, CallableAgent(harness_agents.summarising_agent), g=1), ["owl-red"])
+    [t] = g.trajectories
+    assert t.error is None and t.reward == 1.0
+    assert (t.metrics["segments"], t.metrics["mismatch_context_rewritten"], t.metrics["reused_completions"]) == (2, 1, 0)
+    assert [s.token_ids for s in t.segments()] == [p + gen for p, gen in policy.calls]
