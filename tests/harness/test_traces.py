@@ -204,3 +204,26 @@ async def test_unrecorded_requests_leave_no_trace(policy: ScriptedTokenPolicy) -
     resp = await ask(ep, None, list(OPENING))
     assert resp["prompt_token_ids"] == policy.calls[0][0]
     assert "rollout_id" not in resp["agentgym"] and not ep.rollouts
+
+
+async def test_mismatches_are_summed_into_the_runs_metrics(policy: ScriptedTokenPolicy) -> None:
+    """Every trajectory's trace counts reach the training step's metrics (``rollout/trace/...``)."""
+    from agentgym.trainers.batching import samples_from_groups
+
+    from agentgym.types import TrajectoryGroup
+
+    ep = endpoint(policy)
+    trajs = []
+    for rid, reward in (("a", 1.0), ("b", 0.0)):
+        ep.open_rollout(rid)
+        r1 = await ask(ep, rid, list(OPENING))
+        await ask(ep, rid, [OPENING[0], {"role": "user", "content": "key[owl], again"}])  # a rewrite
+        await ask(ep, rid, [OPENING[0], {"role": "user", "content": "key[owl], again"}, assistant(r1)])  # a foreign reply
+        ep.rollouts[rid].rewards.clear()
+        traj = ep.close_rollout(rid).trajectory(task_id="owl-red")
+        traj.reward = reward
+        trajs.append(traj)
+    _, stats = samples_from_groups([TrajectoryGroup("g", "owl-red", "e", trajs)], "policy")
+    trace = stats.to_metrics()["trace"]
+    assert trace["prompt_mismatches"] == sum(t.metrics["prompt_mismatches"] for t in trajs) == 4
+    assert trace["rerender_drift"] == 0 and trace["reused_completions"] == 0
