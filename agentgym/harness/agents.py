@@ -4,8 +4,8 @@ Agent Lightning agent class.
 Every agent gets the same plain data, an :class:`AgentTask` (a dict for callables, JSON for the
 others), and talks to the policy endpoint over HTTP with an OpenAI client: nothing in it needs to know
 AgentGym. A command or container also finds the OpenAI settings in its environment
-(``OPENAI_BASE_URL``, ``OPENAI_API_KEY``), and the whole task as JSON in ``AGENTGYM_TASK`` and on its
-standard input.
+(``OPENAI_BASE_URL``, ``OPENAI_API_KEY``), and the whole task as JSON on its standard input and, when it
+fits one environment string (100 kB), in ``AGENTGYM_TASK``.
 
 What ends a run, each becoming the rollout's error (never the training run's):
 
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 OUTPUT_TAIL = 4000  # characters of a failed process's output kept in the error
+MAX_TASK_VAR = 100_000  # bytes: a longer task goes on standard input only
 CONTAINER_PORT = 8000
 SOCKET_DIR = "/run/agentgym"
 FORWARDER = Path(__file__).with_name("_forward.py")
@@ -240,10 +241,19 @@ async def _run_process(argv: Sequence[str], *, env: Mapping[str, str], stdin: by
     return out
 
 
+def _task_vars(task: AgentTask) -> dict[str, str]:
+    """The variables every process agent gets. ``AGENTGYM_TASK`` only when it fits one environment string
+    (Linux caps each at 128 KiB); the task is on standard input either way."""
+    out = {"OPENAI_BASE_URL": task.base_url, "OPENAI_API_KEY": task.api_key}
+    blob = json.dumps(task.to_dict())
+    if len(blob.encode()) <= MAX_TASK_VAR:
+        out["AGENTGYM_TASK"] = blob
+    return out
+
+
 def _process_env(task: AgentTask, extra: Mapping[str, str], inherit: bool) -> dict[str, str]:
     base = dict(os.environ) if inherit else {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-    base.update({"OPENAI_BASE_URL": task.base_url, "OPENAI_API_KEY": task.api_key,
-                 "AGENTGYM_TASK": json.dumps(task.to_dict())})
+    base.update(_task_vars(task))
     base.update(extra)
     return base
 
@@ -388,9 +398,8 @@ class ContainerAgent:
         argv = [self.docker, "run", "--rm", "-i", "--network", "none", "--name", name,
                 "--memory", self.memory, "--cpus", str(self.cpus), "--pids-limit", str(self.pids),
                 "-v", f"{sock_dir}:{SOCKET_DIR}", "-v", f"{FORWARDER}:/agentgym/forward.py:ro",
-                "-e", f"OPENAI_BASE_URL={t.base_url}", "-e", f"OPENAI_API_KEY={t.api_key}",
-                "-e", f"AGENTGYM_TASK={json.dumps(t.to_dict())}"]
-        for k, v in self.env.items():
+                ]
+        for k, v in {**_task_vars(t), **self.env}.items():
             argv += ["-e", f"{k}={v}"]
         argv += [*self.extra_args, self.image, "python3", "/agentgym/forward.py",
                  f"{SOCKET_DIR}/{Path(socket_path).name}", str(CONTAINER_PORT), "--", *self.argv]

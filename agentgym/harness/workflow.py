@@ -256,6 +256,7 @@ class HarnessWorkflow:
         self._server: EndpointServer | None = None
         self._users = 0
         self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._sock_dir: tempfile.TemporaryDirectory[str] | None = None
         self.gate_log: list[Any] = []
 
@@ -267,8 +268,9 @@ class HarnessWorkflow:
     @contextlib.asynccontextmanager
     async def _serving(self) -> Any:
         """The endpoint's HTTP server, up while any group of this workflow runs."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        if self._lock is None or (self._users == 0 and self._lock_loop is not loop):
+            self._lock, self._lock_loop = asyncio.Lock(), loop  # a workflow may serve one loop after another
         async with self._lock:
             if self._users == 0:
                 uds = None
