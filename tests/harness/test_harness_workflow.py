@@ -208,3 +208,16 @@ async def test_a_harness_that_rewrites_its_context_gets_a_new_segment(tiny_token
     assert t.error is None and t.reward == 1.0
     assert (t.metrics["segments"], t.metrics["mismatch_context_rewritten"], t.metrics["reused_completions"]) == (2, 1, 0)
     assert [s.token_ids for s in t.segments()] == [p + gen for p, gen in policy.calls]
+
+
+def test_one_workflow_serves_one_event_loop_after_another(tiny_tokenizer: Any) -> None:
+    """A trainer may run a workflow's groups on one loop, then (eval, the next step) on a new one: the
+    endpoint's lock must not stay bound to the first loop. Two groups per run contend for it."""
+    import asyncio
+
+    policy = ScriptedTokenPolicy(tiny_tokenizer)
+    wf = workflow(policy, CallableAgent(harness_agents.tool_agent))
+    for _ in range(2):
+        groups = asyncio.run(run(wf, ["owl-red", "elk-tan"]))
+        assert [t.error for g in groups for t in g] == [None] * 4
+        assert all(t.success for g in groups for t in g)
