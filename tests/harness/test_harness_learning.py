@@ -125,6 +125,7 @@ def before(tiny_sft_model: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_an_openai_agent_learns_through_the_endpoint(tiny_sft_model: str, before: float, tmp_path: Path) -> None:
     run = train(tiny_sft_model, tmp_path / "run", lr=3e-3)
     after = harness_success(str(tmp_path / "run" / "final"))
@@ -134,9 +135,14 @@ def test_an_openai_agent_learns_through_the_endpoint(tiny_sft_model: str, before
     versions = [r["version"] for r in run["rows"] if "version" in r]
     assert versions == sorted(versions) and versions[-1] >= STEPS // 2  # weights were published as it trained
     assert run["result"]["steps"] == STEPS
+    # every turn after the first joined its episode's segment token-exactly: the agent's re-sent tool
+    # calls reused the generated ids, and no prompt had to start a new segment
+    assert sum(r.get("rollout/trace/reused_completions", 0) for r in run["rows"]) > 0
+    assert sum(r.get("rollout/trace/prompt_mismatches", 0) for r in run["rows"]) == 0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_the_zero_learning_rate_twin_does_not_learn(tiny_sft_model: str, before: float, tmp_path: Path) -> None:
     train(tiny_sft_model, tmp_path / "run", lr=0.0)
     after = harness_success(str(tmp_path / "run" / "final"))
