@@ -11,8 +11,12 @@ APT_PACKAGES := bubblewrap docker.io sqlite3 procps chromium chromium-driver
 EXTRAS := hf,ray,docker,code,search,dense,report,openenv,train,trl,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# Agent Lightning (tests/harness/test_agentlightning.py) needs Python >= 3.12: a side venv from PyPI
+AGL_PYTHON ?= $(shell for p in python3.12 python3.13 $(HOME)/.pyenv/versions/3.1[23]*/bin/python; do \
+  $$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { command -v $$p; break; }; done)
+AGL_VENV   ?= .venv-agl
 
-.PHONY: help quickstart test test-fast test-verifiers lint apt venv model bench bench-full bench-smoke dockerd-start dockerd-stop clean
+.PHONY: help quickstart test test-fast test-verifiers lint apt venv agl-venv model bench bench-full bench-smoke dockerd-start dockerd-stop clean
 
 help:
 	@echo "make quickstart  set everything up, prepare SmolLM2, run the main job (eval + a short training run)"
@@ -44,6 +48,13 @@ $(STAMP):
 
 venv: $(STAMP)
 
+# Built when a Python 3.12 is found; otherwise the Agent Lightning tests skip and say why.
+agl-venv:
+	@if [ -z "$(AGL_PYTHON)" ]; then echo "no Python 3.12: Agent Lightning's tests will be skipped"; \
+	elif [ ! -x $(AGL_VENV)/bin/python ] || ! $(AGL_VENV)/bin/python -c "import agentlightning, openai" 2>/dev/null; then \
+	  $(AGL_PYTHON) -m venv $(AGL_VENV) && $(AGL_VENV)/bin/python -m pip install -q agentlightning==1.0.2 openai \
+	  || echo "could not build $(AGL_VENV): Agent Lightning's tests will be skipped"; fi
+
 model: venv
 	$(BIN)/agentgym models prepare smollm2-135m-instruct
 
@@ -57,7 +68,7 @@ dockerd-start:
 dockerd-stop:
 	@bash scripts/dockerd-stop.sh
 
-test: apt venv lint
+test: apt venv agl-venv lint
 	@bash scripts/dockerd-start.sh || echo "dockerd did not start: docker tests will be skipped"
 	@set -o pipefail; status=0; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS) || status=$$?; \

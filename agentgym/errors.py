@@ -24,6 +24,10 @@ Three cases stay distinct (STYLE.md, principle 12):
     ├── SandboxError                  the sandbox backend itself failed (not the agent's program)
     │   └── SandboxUnavailable        the backend is not installed or cannot start
     ├── RetrievalError                the retrieval backend failed (dead server after retries)
+    ├── AgentError                    an external agent (harness workflow) failed: its rollout is lost
+    │   ├── AgentTimeout              it did not finish within its deadline (it was stopped)
+    │   ├── AgentCrashed              it raised, or its process exited non-zero
+    │   └── AgentSilent               it finished without ever calling the model
     ├── PolicyError                   a policy could not produce a generation
     │   ├── PolicyTimeout             a call exceeded its deadline
     │   ├── PolicyClientError         4xx from a server: the request is wrong, retrying won't help
@@ -48,7 +52,11 @@ Three cases stay distinct (STYLE.md, principle 12):
 from __future__ import annotations
 
 __all__ = [
+    "AgentCrashed",
+    "AgentError",
     "AgentGymError",
+    "AgentSilent",
+    "AgentTimeout",
     "ChecksumMismatch",
     "ConfigurationError",
     "ContextLengthExceeded",
@@ -179,6 +187,22 @@ class SandboxUnavailable(SandboxError):
 
 class RetrievalError(AgentGymError, RuntimeError):
     """The retrieval backend failed after bounded retries."""
+
+
+class AgentError(AgentGymError, RuntimeError):
+    """An external agent run by a harness workflow failed; that rollout ends with an error, the run goes on."""
+
+
+class AgentTimeout(AgentError, TimeoutError):
+    """The agent did not finish within its deadline; its coroutine was cancelled or its process killed."""
+
+
+class AgentCrashed(AgentError):
+    """The agent raised, or its process (command, container) exited with a non-zero code."""
+
+
+class AgentSilent(AgentError):
+    """The agent finished without calling the model: there is nothing to train on."""
 
 
 class PolicyError(AgentGymError, RuntimeError):

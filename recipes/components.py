@@ -30,7 +30,7 @@ from agentgym.trainers.run import import_modules
 
 from agentgym.errors import ConfigurationError
 
-__all__ = ["close_policies", "env_factory", "eval_metrics", "evaluate", "rollout_policy", "rollout_runtime",
+__all__ = ["close_policies", "env_factory", "eval_metrics", "evaluate", "registered_workflow", "rollout_policy", "rollout_runtime",
            "service_workflows", "train_tasks", "workflow"]
 
 
@@ -58,6 +58,8 @@ def workflow(rollout: RolloutConfig, multi: MultiConfig, gate: GateSection, pilo
     from agentgym.rollout.multi_policy import SolverVerifierWorkflow
     from agentgym.rollout.pilot import PilotCommitWorkflow
 
+    if multi.workflow not in ("none", "solver_verifier"):
+        return registered_workflow(rollout, multi, policies)
     sampling = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens=rollout.max_tokens)
     limits = RolloutLimits(max_turns=rollout.max_turns, max_total_tokens=rollout.max_total_tokens,
                            policy_timeout_s=rollout.policy_timeout_s)
@@ -75,6 +77,16 @@ def workflow(rollout: RolloutConfig, multi: MultiConfig, gate: GateSection, pilo
     if pilot.mode != "off":
         return PilotCommitWorkflow(wf, pilot.size, audit=pilot.mode == "audit", gate_log=deque(maxlen=256))
     return wf
+
+
+def registered_workflow(rollout: RolloutConfig, multi: MultiConfig, policies: Mapping[str, Any]) -> Any:
+    """``multi.workflow`` naming a registered workflow (``harness``: an external agent through the policy
+    endpoint; see :mod:`agentgym.harness.registry`), built by its factory from the ``[rollout]`` and
+    ``[multi]`` tables (plain dicts: a factory also runs inside a Ray rollout service) and the policies."""
+    from agentgym.harness.registry import workflow_factory
+
+    tables = {"rollout": rollout.model_dump(), "multi": multi.model_dump()}
+    return workflow_factory(multi.workflow)(tables, policies)
 
 
 def service_workflows(rollout: RolloutConfig, model: ModelConfig, multi: MultiConfig, gate: GateSection,

@@ -76,6 +76,11 @@ class TrainSample:
         return sum(self.loss_mask[1:])
 
 
+# Per-episode counts of how token-exact the rollouts were (session restarts of AgentGym's loop; the harness
+# endpoint's prompt mismatches, reused completions and re-rendering drift), summed into each step's metrics.
+TRACE_METRICS = ("session_restarts", "retokenized_turns", "prompt_mismatches", "reused_completions", "rerender_drift")
+
+
 @dataclass
 class BatchStats:
     """What went into a batch and what was left out (for logs)."""
@@ -93,6 +98,7 @@ class BatchStats:
     successes: list[bool] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     generated_tokens: list[int] = field(default_factory=list)
+    trace: dict[str, float] = field(default_factory=dict)  # TRACE_METRICS summed over the episodes
 
     def to_metrics(self) -> dict[str, Any]:
         def mean(xs: Sequence[float]) -> float | None:
@@ -108,6 +114,7 @@ class BatchStats:
             "adv_max": max(self.advantages) if self.advantages else None,
             "adv_min": min(self.advantages) if self.advantages else None,
             "gen_tokens_mean": mean([float(t) for t in self.generated_tokens]),
+            "trace": dict(self.trace),
         }
 
 
@@ -142,6 +149,11 @@ def samples_from_groups(groups: Sequence[TrajectoryGroup], policy_id: str, *, es
         ok = [t for t in members if t.error is None]
         stats.episodes += len(members)
         stats.error_episodes += len(members) - len(ok)
+        for t in members:
+            for k in TRACE_METRICS:
+                v = t.metrics.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    stats.trace[k] = stats.trace.get(k, 0) + v
         if not ok:
             continue
         rewards = []

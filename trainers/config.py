@@ -12,7 +12,7 @@ A config file has one table per concern::
     [data]       SFT transcripts (``algorithm = "sft"``)
     [eval]       held-out evaluation before and after training
     [log]        JSONL (always), TensorBoard, rich progress, PNG curves
-    [multi]      a second trained policy (solver + verifier)
+    [multi]      the workflow: a second trained policy (solver + verifier), or a registered one (harness)
     [dataflow]   the runtime: embedded or Ray, rollout services, max staleness (0 = synchronous), replay
                  (plain, POPO-style prioritized fill with importance weights), GRESO task skipping
     [gate]       Selective Rollout: stop groups whose members act alike at step K (enforce or audit)
@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import pydantic
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.errors import ConfigurationError
@@ -317,10 +317,14 @@ class LogConfig(_Section):
 
 
 class MultiConfig(_Section):
-    """A second trained policy on a two-role workflow (solver + verifier).
+    """The rollout workflow: one policy (``none``), a second trained policy on a two-role workflow
+    (solver + verifier), or any registered workflow (``harness``: an external agent through the policy
+    endpoint; see :mod:`agentgym.harness.registry`).
 
     Attributes:
-        workflow: ``"solver_verifier"``.
+        workflow: ``"none"``, ``"solver_verifier"``, or a registered workflow's name (``"harness"``) or
+            ``"package.module:factory"`` path, resolved when the run starts.
+        options: The registered workflow's own settings (``[multi.options]``; it validates them).
         shared_base: Two LoRA adapters over one base model (needs ``model.finetune = "lora"``);
             otherwise two separate models.
         verifier_path: The verifier's model (defaults to ``model.path``).
@@ -329,11 +333,21 @@ class MultiConfig(_Section):
             (the other's batch is rolled out and dropped), the baseline of one-policy-at-a-time setups.
     """
 
-    workflow: Literal["none", "solver_verifier"] = "none"
+    workflow: str = "none"
+    options: dict[str, Any] = Field(default_factory=dict)
     schedule: Literal["concurrent", "alternating"] = "concurrent"
     shared_base: bool = False
     verifier_path: str | None = None
     verifier_max_tokens: int = Field(default=32, ge=1)
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow_name(cls, v: str) -> str:
+        from agentgym.harness.registry import valid_workflow_name
+
+        if not valid_workflow_name(v):
+            raise ValueError(f"{v!r} is not a workflow name or 'package.module:factory' path")
+        return v
 
 
 class GateSection(_Section):
@@ -399,8 +413,8 @@ class TrainConfig(_Section):
         if self.multi.shared_base and self.model.finetune != "lora":
             problems.append("multi.shared_base: two adapters over one base need model.finetune = 'lora'")
         if self.multi.workflow != "none" and self.run.algorithm != "grpo":
-            problems.append("multi.workflow: multi-policy training runs with algorithm = 'grpo'")
-        if self.rollout.backend == "vllm" and self.multi.workflow != "none":
+            problems.append("multi.workflow: a workflow other than 'none' trains with algorithm = 'grpo'")
+        if self.rollout.backend == "vllm" and self.multi.workflow == "solver_verifier":
             problems.append("rollout.backend: multi-policy runs use the hf backend (one vLLM engine per machine)")
         if self.pilot.mode != "off" and self.pilot.size >= self.rollout.group_size:
             problems.append(f"pilot.size: the pilot ({self.pilot.size}) must be smaller than rollout.group_size "

@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "agentgym.cli.eval",
     "agentgym.cli.retriever",
     "agentgym.cli.serve",
+    "agentgym.cli.serve_policy",
     "agentgym.cli.train",
     "agentgym.cli.view",
 ]

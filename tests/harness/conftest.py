@@ -1,0 +1,61 @@
+"""Fixtures for the harness tests: the tiny model and tokenizer of the trainer tests, its SFT'd twin,
+and a scripted token policy over the real tokenizer (for tests about our own bookkeeping)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+TRAINERS = HERE.parent / "trainers"
+for p in (HERE, TRAINERS):  # harness_agents (the agents under test), tiny_lookup (the task and model)
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import tiny_lookup
+
+    return str(tiny_lookup.build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", init=0.1))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model: str) -> Any:
+    from agentgym.policies.models import load_tokenizer
+
+    return load_tokenizer(tiny_model)
+
+
+def _trainer_conftest() -> Any:
+    spec = importlib.util.spec_from_file_location("agentgym_trainer_test_fixtures", TRAINERS / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The trainer tests' starting point: the tiny model after a short SFT on the gullible demonstrator
+    (it answers with what a tool returned, but mostly asks the wrong tool: near-chance success)."""
+    from agentgym.trainers.config import validate_config
+    from agentgym.trainers.recipe import run_training
+
+    root = tmp_path_factory.mktemp("tiny-sft")
+    demos = _trainer_conftest().protocol_demos(root / "demos.jsonl")
+    cfg = validate_config({
+        "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 100, "seed": 0, "threads": 2},
+        "model": {"path": tiny_model},
+        "data": {"paths": [str(demos)], "batch_size": 16},
+        "optim": {"lr": 1e-2},
+        "rollout": {"env": "agentgym/TinyLookup-v0"},
+        "eval": {"before": False, "after": False},
+        "log": {"progress": False, "plot": False},
+    })
+    run_training(cfg)
+    return str(root / "run" / "final")
