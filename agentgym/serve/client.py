@@ -15,8 +15,8 @@ are mapped.
 Faults: every attempt of a call has a total deadline (``timeout_s``, however slowly the server
 sends) and every response a size cap (``max_response_bytes``); a response that is not acceptable
 JSON (bad syntax, absurd integers or nesting) is an :class:`~agentgym.errors.EnvServerError`. Calls
-that cannot apply twice are retried on transport errors (reads, ``reset``, and ``step``, which
-carries a ``request_id`` the server deduplicates); a call that fails for good raises
+that cannot apply twice are retried on transport errors (reads, ``reset``, and session creation
+and ``step``, which carry a ``request_id`` the server deduplicates); a call that fails for good raises
 :class:`~agentgym.errors.EnvServerError`, which ends the episode in flight with an error while the
 run goes on. A server at capacity is waited for (``capacity_wait_s``), then
 :class:`~agentgym.errors.EnvServerAtCapacity`. Server errors map onto :mod:`agentgym.errors`.
@@ -379,7 +379,9 @@ class RemoteEnv(AgentEnv):
                 raise EnvServerError(f"{self.base} does not answer /agentgym/spec")
         self.transport = "ws" if self.transport_pref == "ws" else "http"
         if self.transport == "http":
-            out = self._http_call("POST", "/agentgym/sessions", {"env_kwargs": self.session_kwargs}, idempotent=False)
+            # the server answers a retry with the same request_id with the same session: safe to retry
+            out = self._http_call("POST", "/agentgym/sessions", {"env_kwargs": self.session_kwargs,
+                                                                 "request_id": uuid.uuid4().hex}, idempotent=True)
             self.session_id = out["session_id"]
             spec_body = out["spec"]
         else:
@@ -441,7 +443,8 @@ class RemoteEnv(AgentEnv):
     def _http_call(self, method: str, path: str, body: Any, *, idempotent: bool,
                    params: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
         """One JSON call with bounded retries, each attempt within ``timeout_s`` (default: the env's).
-        Raises EnvServerError (or a mapped error class)."""
+        Raises EnvServerError (or a mapped error class). A server at capacity is not retried here:
+        :meth:`_connect` waits for it (``capacity_wait_s``)."""
         import httpx
 
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
@@ -475,7 +478,8 @@ class RemoteEnv(AgentEnv):
             if status < 300:
                 return decoded
             err = error_from_body(status, decoded, url)
-            if isinstance(err, EnvServerError) and err.retryable and idempotent and attempt < self.retries:
+            if (isinstance(err, EnvServerError) and err.retryable and idempotent and attempt < self.retries
+                    and not isinstance(err, EnvServerAtCapacity)):
                 last = str(err)
                 continue
             raise err
