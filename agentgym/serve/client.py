@@ -100,6 +100,7 @@ class _Watchdog:
         with self._cv:
             if not entry[3]:
                 entry[3] = True
+                entry[2] = _no_callback  # the entry waits in the heap till its deadline: hold nothing alive
                 self._cancelled += 1
                 if self._cancelled > 1024 and self._cancelled * 2 > len(self._heap):
                     self._heap = [e for e in self._heap if not e[3]]
@@ -126,6 +127,10 @@ class _Watchdog:
                 entry[2]()
             except Exception as e:  # a callback must not kill the watchdog
                 log.debug("watchdog callback failed: %s", e)
+
+
+def _no_callback() -> None:
+    pass
 
 
 _WATCHDOG = _Watchdog()

@@ -235,6 +235,22 @@ def test_session_creation_is_retried_when_its_answer_is_lost(demo_server: EnvSer
     assert set(demo_server.service.sessions) == before
 
 
+def test_a_dropped_remote_env_is_freed_at_once(demo_server: EnvServer) -> None:
+    """Each call's deadline waits in the watchdog's heap until it passes (360 s), even when cancelled;
+    it held the env alive that long, so an env dropped unclosed leaked its socket minutes later, in
+    whichever test ran then (an unraisable ResourceWarning). Now a cancelled deadline holds nothing."""
+    import gc
+    import weakref
+
+    env = RemoteEnv(demo_server.url)
+    env.reset(seed=0)
+    env.close()
+    ref = weakref.ref(env)
+    del env
+    gc.collect()
+    assert ref() is None
+
+
 def test_token_auth() -> None:
     with EnvServer(DEMO, token="s3cret") as srv:
         assert httpx.get(srv.url + "/health").status_code == 200  # liveness needs no token
