@@ -15,8 +15,8 @@ are mapped.
 Faults: every attempt of a call has a total deadline (``timeout_s``, however slowly the server
 sends) and every response a size cap (``max_response_bytes``); a response that is not acceptable
 JSON (bad syntax, absurd integers or nesting) is an :class:`~agentgym.errors.EnvServerError`. Calls
-that cannot apply twice are retried on transport errors (reads, ``reset``, and ``step``, which
-carries a ``request_id`` the server deduplicates); a call that fails for good raises
+that cannot apply twice are retried on transport errors (reads, ``reset``, and session creation
+and ``step``, which carry a ``request_id`` the server deduplicates); a call that fails for good raises
 :class:`~agentgym.errors.EnvServerError`, which ends the episode in flight with an error while the
 run goes on. A server at capacity is waited for (``capacity_wait_s``), then
 :class:`~agentgym.errors.EnvServerAtCapacity`. Server errors map onto :mod:`agentgym.errors`.
@@ -100,6 +100,7 @@ class _Watchdog:
         with self._cv:
             if not entry[3]:
                 entry[3] = True
+                entry[2] = _no_callback  # the entry waits in the heap till its deadline: hold nothing alive
                 self._cancelled += 1
                 if self._cancelled > 1024 and self._cancelled * 2 > len(self._heap):
                     self._heap = [e for e in self._heap if not e[3]]
@@ -128,6 +129,10 @@ class _Watchdog:
                 log.debug("watchdog callback failed: %s", e)
 
 
+def _no_callback() -> None:
+    pass
+
+
 _WATCHDOG = _Watchdog()
 
 
@@ -154,6 +159,8 @@ class RemoteEnv(AgentEnv):
             are stateful only over their WebSocket, so ``"auto"`` picks ``"ws"`` for them).
         timeout_s: Deadline of one attempt of a call, in total (the server's own step timeout should
             be shorter).
+        probe_timeout_s: Deadline of ``GET /agentgym/spec``, the probe that tells ``agentgym serve``
+            from an OpenEnv server (answered from memory; no env call behind it).
         connect_timeout_s: Deadline to connect.
         retries: Extra attempts of a retryable call.
         backoff_s: First backoff; doubles each retry.
@@ -184,6 +191,7 @@ class RemoteEnv(AgentEnv):
         token: str | None = None,
         transport: str = "auto",
         timeout_s: float = 360.0,
+        probe_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         retries: int = 2,
         backoff_s: float = 0.2,
@@ -211,8 +219,9 @@ class RemoteEnv(AgentEnv):
                 raise ConfigurationError(f"env server URL {clean!r} must start with http:// or https://.")
             urls.append(clean)
             self._basic = self._basic or creds
-        if max_response_bytes < 1 or timeout_s <= 0 or capacity_wait_s < 0:
-            raise ConfigurationError("RemoteEnv needs max_response_bytes >= 1, timeout_s > 0 and capacity_wait_s >= 0.")
+        if max_response_bytes < 1 or timeout_s <= 0 or probe_timeout_s <= 0 or capacity_wait_s < 0:
+            raise ConfigurationError("RemoteEnv needs max_response_bytes >= 1, timeout_s > 0, probe_timeout_s > 0 "
+                                     "and capacity_wait_s >= 0.")
         self.token = token if token is not None else os.environ.get("AGENTGYM_TOKEN") or None
         if pool is None and len(urls) > 1:
             pool = RemotePool(urls)
@@ -221,6 +230,7 @@ class RemoteEnv(AgentEnv):
         self.requested_env_id = env_id
         self.transport_pref = transport
         self.timeout_s = float(timeout_s)
+        self.probe_timeout_s = float(probe_timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.retries = max(0, int(retries))
         self.backoff_s = float(backoff_s)
@@ -374,7 +384,9 @@ class RemoteEnv(AgentEnv):
                 raise EnvServerError(f"{self.base} does not answer /agentgym/spec")
         self.transport = "ws" if self.transport_pref == "ws" else "http"
         if self.transport == "http":
-            out = self._http_call("POST", "/agentgym/sessions", {"env_kwargs": self.session_kwargs}, idempotent=False)
+            # the server answers a retry with the same request_id with the same session: safe to retry
+            out = self._http_call("POST", "/agentgym/sessions", {"env_kwargs": self.session_kwargs,
+                                                                 "request_id": uuid.uuid4().hex}, idempotent=True)
             self.session_id = out["session_id"]
             spec_body = out["spec"]
         else:
@@ -386,10 +398,14 @@ class RemoteEnv(AgentEnv):
         self._apply_spec(spec_body)
 
     def _get_spec(self, base: str) -> dict[str, Any] | None:
-        """``GET /agentgym/spec``, or ``None`` if the server is not ``agentgym serve`` (404)."""
+        """``GET /agentgym/spec``, or ``None`` if the server is not ``agentgym serve`` (404).
+
+        A probe (the route may not exist), answered from memory: bounded by ``probe_timeout_s``, not
+        by the env-step deadline ``timeout_s``."""
         self.base = base
         try:
-            return self._http_call("GET", "/agentgym/spec", None, idempotent=True)  # type: ignore[no-any-return]
+            return self._http_call("GET", "/agentgym/spec", None, idempotent=True,  # type: ignore[no-any-return]
+                                   timeout_s=min(self.probe_timeout_s, self.timeout_s))
         except EnvServerError as e:
             if e.status == 404:
                 return None
@@ -430,10 +446,13 @@ class RemoteEnv(AgentEnv):
 
     # ================================================================================ HTTP
     def _http_call(self, method: str, path: str, body: Any, *, idempotent: bool,
-                   params: dict[str, Any] | None = None) -> Any:
-        """One JSON call with bounded retries. Raises EnvServerError (or a mapped error class)."""
+                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
+        """One JSON call with bounded retries, each attempt within ``timeout_s`` (default: the env's).
+        Raises EnvServerError (or a mapped error class). A server at capacity is not retried here:
+        :meth:`_connect` waits for it (``capacity_wait_s``)."""
         import httpx
 
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         url = self.base + path
         content = dumps(body) if body is not None else None
         last = "no attempt"
@@ -441,7 +460,7 @@ class RemoteEnv(AgentEnv):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                status, data = self._http_attempt(method, url, content, params)
+                status, data = self._http_attempt(method, url, content, params, timeout_s)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server: always safe
                 last = f"{type(e).__name__}: {e}"
                 continue
@@ -452,7 +471,7 @@ class RemoteEnv(AgentEnv):
                 raise EnvServerError(f"{url}: the connection failed mid-request ({last}); not retried "
                                      "(the call may have been applied)") from None
             except httpx.TimeoutException as e:
-                raise EnvServerError(f"{url}: no answer within {self.timeout_s:g} s ({type(e).__name__})") from None
+                raise EnvServerError(f"{url}: no answer within {timeout_s:g} s ({type(e).__name__})") from None
             except httpx.HTTPError as e:
                 raise EnvServerError(f"{url}: {type(e).__name__}: {e}") from None
             try:
@@ -464,7 +483,8 @@ class RemoteEnv(AgentEnv):
             if status < 300:
                 return decoded
             err = error_from_body(status, decoded, url)
-            if isinstance(err, EnvServerError) and err.retryable and idempotent and attempt < self.retries:
+            if (isinstance(err, EnvServerError) and err.retryable and idempotent and attempt < self.retries
+                    and not isinstance(err, EnvServerAtCapacity)):
                 last = str(err)
                 continue
             raise err
@@ -846,6 +866,7 @@ class RemoteEnv(AgentEnv):
                                    timeout_s=min(2.0, self.timeout_s))
             elif self._ws is not None:
                 self._ws.send('{"type":"close"}')
+                self._await_server_close(min(2.0, self.timeout_s))
         except Exception as e:  # a dead server: nothing to close
             log.debug("RemoteEnv close: %s", e)
         finally:
@@ -853,6 +874,18 @@ class RemoteEnv(AgentEnv):
             if self.pool is not None and self.url:
                 self.pool.release(self.url)
         super().close()
+
+    def _await_server_close(self, timeout_s: float) -> None:
+        """After ``{"type": "close"}``, let the server close the WebSocket first (bounded). A client-side
+        close races the server's own: openenv-core's server then logs a traceback per session."""
+        from websockets.exceptions import ConnectionClosed
+
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._ws.recv(timeout=left)  # a late answer to an earlier call: dropped
+            except (ConnectionClosed, TimeoutError):
+                return
 
     def __repr__(self) -> str:
         return f"RemoteEnv({self.base or self.urls!r}, env_id={self.env_id!r}, transport={self.transport!r})"

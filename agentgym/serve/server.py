@@ -17,7 +17,8 @@ also served at the root, so an OpenEnv client pointed at ``http://host:port`` ju
                             ``Mcp-Session-Id``, tools, the task as a resource and a prompt) and
                             OpenEnv's ``openenv/session/create`` / ``openenv/session/close``
 ``WS   /mcp``               MCP JSON-RPC over a WebSocket (one session per connection)
-``POST /agentgym/sessions`` create a session (``{"env_kwargs": {...}}``) -> ``{"session_id", "spec"}``
+``POST /agentgym/sessions`` create a session (``{"env_kwargs": {...}, "request_id": "..."}``) -> ``{"session_id", "spec"}``
+                            (a retry with the same ``request_id`` gets the same session)
 ``DELETE /agentgym/sessions/{id}``  close it
 ``GET  /agentgym/spec``     tools, parser, splits, limits (what ``RemoteEnv`` needs)
 ``GET  /agentgym/tasks``    ``?split=``: the split's task ids (``--task-data`` adds gold data)

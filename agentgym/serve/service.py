@@ -39,6 +39,8 @@ __all__ = ["ServeError", "Service", "Session", "call_tool_fields", "error_of"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+CREATION_MEMORY_S = 120.0  # how long a session creation's request_id is remembered (a retry comes within seconds)
+_MAX_CREATIONS = 65536  # and how many are remembered at most
 
 # what gymnasium.make takes itself, whatever the env's constructor
 _MAKE_KWARGS = frozenset({"max_episode_steps", "autoreset", "apply_api_compatibility", "disable_env_checker",
@@ -153,6 +155,9 @@ class Service:
         self.config = config
         self.sessions: dict[str, Session] = {}
         self.reserved = 0  # slots taken by sessions whose env is being built
+        # session creations by the client's request_id, so a retried POST gets the same session:
+        # (env_id, request_id) -> (expiry, the creation), oldest first; bounded in time and count
+        self._creations: dict[tuple[str, str], tuple[float, asyncio.Future[Session]]] = {}
         self.specs: dict[str, dict[str, Any]] = {}
         self._probes: dict[str, Any] = {}
         self._tasks_cache: dict[tuple[str, str], bytes] = {}
@@ -281,7 +286,42 @@ class Service:
             _close()
 
     # ---------------------------------------------------------------------------------- sessions
-    async def create(self, env_id: str, kwargs: dict[str, Any] | None = None) -> Session:
+    async def create(self, env_id: str, kwargs: dict[str, Any] | None = None, request_id: Any = None) -> Session:
+        """A new session of ``env_id``. With a ``request_id``, a retry of the same creation (its answer
+        was lost: the connection failed mid-request) gets the same session, not a second one, for
+        :data:`CREATION_MEMORY_S`; a retry that arrives while the first is still building awaits it."""
+        if request_id is None:
+            return await self._create(env_id, kwargs)
+        if not isinstance(request_id, str) or not 0 < len(request_id) <= 128:
+            raise ServeError("BadRequest", "request_id must be a string of 1 to 128 characters")
+        now = time.monotonic()
+        while self._creations:  # forget expired creations (insertion order is expiry order)
+            key0, (expiry, _) = next(iter(self._creations.items()))
+            if expiry > now and len(self._creations) <= _MAX_CREATIONS:
+                break
+            del self._creations[key0]
+        key = (env_id, request_id)
+        known = self._creations.get(key)
+        if known is not None:
+            await asyncio.wait([known[1]])  # the first attempt may still be building the env
+            first = known[1]
+            if not first.cancelled() and first.exception() is None and not first.result().closed:
+                return first.result()
+            # it failed (so it created nothing) or its session is closed already: create afresh
+        fut: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+        self._creations.pop(key, None)
+        self._creations[key] = (now + CREATION_MEMORY_S, fut)
+        try:
+            s = await self._create(env_id, kwargs)
+        except BaseException:
+            if self._creations.get(key, (0.0, None))[1] is fut:
+                del self._creations[key]
+            fut.cancel()
+            raise
+        fut.set_result(s)
+        return s
+
+    async def _create(self, env_id: str, kwargs: dict[str, Any] | None = None) -> Session:
         kwargs = dict(kwargs or {})
         bad = sorted(k for k in kwargs if k not in self.config.client_kwargs)
         if bad:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -21,7 +18,7 @@ from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
 HERE = Path(__file__).resolve().parent
-from serve_helpers import VENV_BIN, free_port  # noqa: E402
+from serve_helpers import VENV_BIN, LoggedProcess, free_port  # noqa: E402
 
 
 class ServeTestEnv(AgentEnv):
@@ -60,11 +57,11 @@ class ServeTestEnv(AgentEnv):
 agentgym.register_env("agentgym/ServeTest-v0", ServeTestEnv, family="test", max_episode_steps=20)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60.0) -> None:
+def wait_healthy(url: str, server: LoggedProcess | None = None, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}")
+        if server is not None and server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}: {server.stderr()[-4000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return
@@ -74,26 +71,18 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_
     raise RuntimeError(f"{url} did not come up within {timeout_s} s")
 
 
-class ServeProcess:
+class ServeProcess(LoggedProcess):
     """``agentgym serve`` in a subprocess (so a test can kill it)."""
 
     def __init__(self, env_ids: Sequence[str], *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [str(VENV_BIN / "agentgym"), "serve", *env_ids, "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        super().__init__([str(VENV_BIN / "agentgym"), "serve", *env_ids, "--port", str(self.port), *args])
         try:
-            wait_healthy(self.url, self.proc)
+            wait_healthy(self.url, self)
         except Exception:
             self.kill()
             raise
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 @pytest.fixture
@@ -116,32 +105,27 @@ def demo_server() -> Iterator[EnvServer]:
         yield srv
 
 
-class OpenEnvServer:
+class OpenEnvServer(LoggedProcess):
     """OpenEnv envs served by openenv-core's own create_app (openenv_apps.py), started in the
     background; ``url`` waits until it answers."""
 
     def __init__(self, out: Path) -> None:
         self.port = free_port()
         self.out = out
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "openenv_apps.py"), str(self.port), str(out)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        super().__init__([sys.executable, str(HERE / "openenv_apps.py"), str(self.port), str(out)])
         self._up = False
 
     @property
     def url(self) -> str:
         url = f"http://127.0.0.1:{self.port}"
         if not self._up:
-            wait_healthy(url + "/echo", self.proc, timeout_s=180)
+            wait_healthy(url + "/echo", self, timeout_s=180)
             assert (self.out / "echo_env" / "server" / "echo_env_environment.py").exists()  # made by `openenv init`
             self._up = True
         return url
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self.kill()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
@@ -24,21 +24,29 @@ pytestmark = pytest.mark.slow
 def test_500_concurrent_sessions_do_not_mix(serve_process: Any) -> None:
     n = 500
     srv = serve_process(["agentgym/Demo-v0"], "--max-sessions", str(n))
+    envs: list[RemoteEnv] = []
     with ThreadPoolExecutor(32) as pool:
-        envs = list(pool.map(lambda _: RemoteEnv(srv.url, retries=0), range(n)))
-        assert httpx.get(srv.url + "/agentgym/spec").json()["limits"]["max_sessions"] == n
+        try:
+            # default retries: under load a keep-alive connection can close as a request goes out;
+            # session creation carries a request_id, so its retry gets the same session
+            futs = [pool.submit(RemoteEnv, srv.url) for _ in range(n)]
+            wait(futs)
+            envs += [f.result() for f in futs if f.exception() is None]
+            assert len(envs) == n, [f.exception() for f in futs if f.exception() is not None][:3]
+            assert httpx.get(srv.url + "/agentgym/spec").json()["limits"]["max_sessions"] == n
 
-        def play(i: int) -> tuple[str, float, bool, str]:
-            secret = 2 * (i % 32) + 1  # test-split secrets are odd
-            env = envs[i]
-            _, info = env.reset(seed=i, options={"task_id": f"guess-{secret}"})
-            obs, reward, term, _, _ = env.step(f'<tool_call>{{"name": "guess", "arguments": {{"n": {secret}}}}}</tool_call>')
-            return info["task_id"], reward, term, obs[0]["content"]
+            def play(i: int) -> tuple[str, float, bool, str]:
+                secret = 2 * (i % 32) + 1  # test-split secrets are odd
+                env = envs[i]
+                _, info = env.reset(seed=i, options={"task_id": f"guess-{secret}"})
+                obs, reward, term, _, _ = env.step(f'<tool_call>{{"name": "guess", "arguments": {{"n": {secret}}}}}</tool_call>')
+                return info["task_id"], reward, term, obs[0]["content"]
 
-        results = list(pool.map(play, range(n)))  # all 500 sessions are open meanwhile
-        with pytest.raises(EnvServerError, match="capacity"):
-            RemoteEnv(srv.url, retries=0, capacity_wait_s=0)
-        list(pool.map(lambda e: e.close(), envs))
+            results = list(pool.map(play, range(n)))  # all 500 sessions are open meanwhile
+            with pytest.raises(EnvServerError, match="capacity"):
+                RemoteEnv(srv.url, retries=0, capacity_wait_s=0)
+        finally:  # every env that was opened is closed, whatever failed (an unclosed one leaks its socket)
+            list(pool.map(lambda e: e.close(), envs))
     assert all(r == (f"guess-{2 * (i % 32) + 1}", 1.0, True, "correct") for i, r in enumerate(results))
     RemoteEnv(srv.url, retries=0).close()  # closed sessions free their slots
 

@@ -142,6 +142,21 @@ def test_remote_env_waits_for_an_openenv_server_at_capacity(openenv_server: Any)
         blocker.close()
 
 
+def test_remote_env_lets_the_openenv_server_close_first(openenv_server: Any) -> None:
+    """RemoteEnv closed its WebSocket right after ``{"type": "close"}``; openenv-core's server then
+    failed its own close and logged a ~5 KB traceback per session (its stderr, unread, filled a pipe
+    and blocked the server). Now the server closes first: nothing is logged."""
+    def tracebacks() -> int:
+        return openenv_server.stderr().count("Traceback")
+
+    before = tracebacks()
+    for i in range(3):  # one slot: each env waits until the previous session is gone
+        env = RemoteEnv(openenv_server.url + "/echo_one", capacity_wait_s=120)
+        env.reset(seed=i)
+        env.close()
+    assert tracebacks() == before, openenv_server.stderr()[-3000:]
+
+
 async def test_eval_against_openenv_coding_env(openenv_server: Any, tmp_path: Path) -> None:
     from agentgym.policies.scripted import ScriptedPolicy
 

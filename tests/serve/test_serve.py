@@ -3,6 +3,7 @@ over the wire, the OpenEnv shapes, limits, auth and structured errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -185,6 +186,69 @@ def test_step_retry_with_same_request_id_is_applied_once(demo_server: EnvServer,
     assert a.content == b.content and a.json()["observation"]["messages"][0]["content"] == "higher"
     assert httpx.get(url + "/state", params={"session_id": sid}).json()["step_count"] == 1
     httpx.delete(url + f"/agentgym/sessions/{sid}")
+
+
+def test_session_creation_with_the_same_request_id_gets_the_same_session(demo_server: EnvServer,
+                                                                         client: httpx.Client) -> None:
+    url = demo_server.url + "/agentgym/sessions"
+    before = len(demo_server.service.sessions)
+    a, b = client.post(url, json={"request_id": "c-1"}), client.post(url, json={"request_id": "c-1"})
+    c = client.post(url, json={"request_id": "c-2"})
+    assert a.json()["session_id"] == b.json()["session_id"] != c.json()["session_id"]
+    assert len(demo_server.service.sessions) == before + 2  # a retry opens no second session
+    for sid in {a.json()["session_id"], c.json()["session_id"]}:
+        client.delete(demo_server.url + f"/agentgym/sessions/{sid}")
+    assert client.post(url, json={"request_id": 7}).status_code == 400
+    assert client.post(url, json={"request_id": "x" * 129}).status_code == 400
+
+
+async def test_a_retried_creation_that_arrives_while_the_first_builds_gets_its_session() -> None:
+    from agentgym.serve.service import Service
+
+    service = Service(ServeConfig([DEMO], max_sessions=2))
+    try:
+        a, b = await asyncio.gather(service.create(DEMO, request_id="r"), service.create(DEMO, request_id="r"))
+        assert a is b and list(service.sessions) == [a.id]
+        await service.close(a)  # a closed session is not handed out again: the retry gets a new one
+        c = await service.create(DEMO, request_id="r")
+        assert c is not a and list(service.sessions) == [c.id]
+    finally:
+        await service.shutdown()
+
+
+def test_session_creation_is_retried_when_its_answer_is_lost(demo_server: EnvServer) -> None:
+    """The keep-alive race, made deterministic: the server applies POST /agentgym/sessions and the
+    connection dies before the answer arrives. RemoteEnv failed ("not retried"); now it retries with
+    the same request_id and the server answers with the session it created: one session, not two."""
+    from serve_helpers import DropFirstAnswer
+
+    before = set(demo_server.service.sessions)
+    with DropFirstAnswer(("127.0.0.1", demo_server.port), b"POST /agentgym/sessions") as proxy:
+        env = RemoteEnv(proxy.url, retries=1)
+        try:
+            assert proxy.dropped.is_set()
+            assert set(demo_server.service.sessions) - before == {env.session_id}
+            env.reset(seed=0, options={"task_id": "guess-31"})
+            assert env.step('<tool_call>{"name": "guess", "arguments": {"n": 31}}</tool_call>')[1] == 1.0
+        finally:
+            env.close()
+    assert set(demo_server.service.sessions) == before
+
+
+def test_a_dropped_remote_env_is_freed_at_once(demo_server: EnvServer) -> None:
+    """Each call's deadline waits in the watchdog's heap until it passes (360 s), even when cancelled;
+    it held the env alive that long, so an env dropped unclosed leaked its socket minutes later, in
+    whichever test ran then (an unraisable ResourceWarning). Now a cancelled deadline holds nothing."""
+    import gc
+    import weakref
+
+    env = RemoteEnv(demo_server.url)
+    env.reset(seed=0)
+    env.close()
+    ref = weakref.ref(env)
+    del env
+    gc.collect()
+    assert ref() is None
 
 
 def test_token_auth() -> None:

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import resource
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_helpers import VENV_BIN, free_port
+from serve_helpers import VENV_BIN, LoggedProcess, free_port
 
 from agentgym.errors import ConfigurationError, EnvServerError
 from agentgym.serve.client import RemoteEnv
@@ -153,6 +150,20 @@ def test_remote_env_call_has_a_total_deadline(where: str) -> None:
         err = remote_env_in_thread(srv.url, timeout_s=2, retries=0)
         assert isinstance(err, EnvServerError) and "within 2 s" in str(err), err
         assert time.monotonic() - t0 < 30
+
+
+def test_a_hung_server_costs_the_spec_probe_its_short_bound() -> None:
+    """A server that accepts and never answers held RemoteEnv's first call (the ``/agentgym/spec``
+    probe, a route an OpenEnv server does not have) for the whole step deadline (360 s); now the
+    probe has its own bound (``probe_timeout_s``), whatever ``timeout_s`` is."""
+
+    def hang(conn: socket.socket, stop: threading.Event) -> None:
+        stop.wait()
+
+    with HostileServer(hang) as srv:
+        err = remote_env_in_thread(srv.url, probe_timeout_s=1, retries=0)
+        assert isinstance(err, EnvServerError) and "/agentgym/spec: no complete answer within 1 s" in str(err), err
+    assert RemoteEnv.__init__.__kwdefaults__["probe_timeout_s"] < RemoteEnv.__init__.__kwdefaults__["timeout_s"] / 10
 
 
 @pytest.mark.parametrize("declare_length", [True, False])
@@ -296,13 +307,12 @@ def test_token_holder_is_served_while_2000_half_open_connections_are_held(server
     url = f"http://127.0.0.1:{port}"
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = (1024, 1024) if server_hard_limit else (1024, hard)
-    proc = subprocess.Popen([str(VENV_BIN / "agentgym"), "serve", DEMO, "--port", str(port), "--token", "tok",
-                             "--header-timeout", "600"],  # the attackers' connections stay open server-side
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
+    server = LoggedProcess([str(VENV_BIN / "agentgym"), "serve", DEMO, "--port", str(port), "--token", "tok",
+                            "--header-timeout", "600"],  # the attackers' connections stay open server-side
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
     held: list[socket.socket] = []
     try:
-        wait_until(lambda: _healthy(url, proc), "the server answers /health", 120)
+        wait_until(lambda: _healthy(url, server), "the server answers /health", 120)
         for _ in range(n):  # the attack: each connection sends half a request and waits
             s = socket.create_connection(("127.0.0.1", port), timeout=30)
             s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -313,21 +323,17 @@ def test_token_holder_is_served_while_2000_half_open_connections_are_held(server
         env.reset(seed=0)
         assert env.step(GIVE_UP)[2]
         env.close()
-        assert proc.poll() is None
+        assert server.proc.poll() is None
     finally:
         for s in held:
             s.close()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        if proc.stderr is not None:
-            proc.stderr.close()
+        server.kill()
         resource.setrlimit(resource.RLIMIT_NOFILE, old)
 
 
-def _healthy(url: str, proc: subprocess.Popen[bytes]) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+def _healthy(url: str, server: LoggedProcess) -> bool:
+    if server.proc.poll() is not None:
+        raise AssertionError(f"server exited: {server.stderr()[-4000:]}")
     try:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:

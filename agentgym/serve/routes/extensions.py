@@ -3,7 +3,8 @@
 ==================================  ==========================================================
 ``GET  /agentgym/spec``             tools, parser, splits, limits
 ``GET  /agentgym/tasks``            ``?split=``: the split's task ids (``--task-data`` adds gold data)
-``POST /agentgym/sessions``         create a session (``{"env_kwargs": {...}}``) -> ``{"session_id", "spec"}``
+``POST /agentgym/sessions``         create a session (``{"env_kwargs": {...}, "request_id": "..."}``) -> ``{"session_id", "spec"}``;
+                                    a retry with the same ``request_id`` gets the same session
 ``DELETE /agentgym/sessions/{id}``  close it
 ``GET  /agentgym/expert``           ``?session_id=``: the env expert's next action (off with ``--no-expert``)
 ==================================  ==========================================================
@@ -42,7 +43,7 @@ def extensions_router(service: Service, env_id: str, *, in_schema: bool = True) 
             kw = body.get("env_kwargs") or {}
             if not isinstance(kw, dict):
                 raise ServeError("BadRequest", "env_kwargs must be an object")
-            s = await service.create(env_id, kw)
+            s = await service.create(env_id, kw, body.get("request_id"))
             return {"session_id": s.id, "spec": service.spec_body(env_id)}
 
         return await guarded(go)
