@@ -138,8 +138,8 @@ def rollout_runtime(cfg: TrainConfig, *, tasks: Sequence[Any], policies: Sequenc
 
 async def evaluate(policy: Any, ev: EvalConfig, rollout: RolloutConfig, out: Path) -> dict[str, Any]:
     """Held-out evaluation of ``policy`` through ``agentgym.eval`` (same protocol and summary as
-    ``agentgym eval``), written to ``out``. Returns success with its 95% interval: over seeds when there are
-    several that differ, else a Wilson interval over the episodes."""
+    ``agentgym eval``), written to ``out``. Returns success with the summary's 95% interval (a bootstrap over
+    tasks, or a Wilson interval over the episodes where every task ties)."""
     from agentgym.eval.runner import EvalConfig as RunnerEvalConfig
     from agentgym.eval.runner import arun_eval
 
@@ -153,11 +153,12 @@ async def evaluate(policy: Any, ev: EvalConfig, rollout: RolloutConfig, out: Pat
     summary = await arun_eval(policy, rc, out)
     ov = summary.get("overall", {})
     succ = ov.get("success", {})
-    ci, wilson = succ.get("ci95"), succ.get("wilson95")
-    if ci is not None and ci[1] > ci[0]:
-        interval, kind = [max(0.0, ci[0]), min(1.0, ci[1])], f"95% over {len(ev.seeds)} seeds"
-    else:  # one seed, or every seed tied: a binomial interval over the episodes
-        interval, kind = wilson, "Wilson 95% over episodes"
+    ci = succ.get("ci95")
+    # agentgym.eval.stats: a bootstrap over tasks (a task's seeds together), or Wilson over the episodes when
+    # every task ties; never zero-width
+    interval = [max(0.0, ci[0]), min(1.0, ci[1])] if ci is not None else None
+    kind = {"wilson": "Wilson 95% over episodes", "bootstrap over tasks": "95% bootstrap over tasks"}.get(
+        succ.get("method") or "", "no interval")
     return {"success": succ.get("mean"), "success_ci95": ci, "success_interval": interval, "interval_kind": kind,
             "episodes": ov.get("episodes"), "reward": ov.get("reward", {}).get("mean"), "split": ev.split,
             "seeds": list(ev.seeds), "wall_s": time.monotonic() - t0}

@@ -301,7 +301,7 @@ def test_collect_and_eval_select_either_expert(tmp_path: Path) -> None:
         out = tmp_path / f"{expert}.jsonl"
         res = subprocess.run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/ALFWorld-v0",
                               "--policy", "expert", "--split", "valid_unseen", "--tasks", "12",
-                              "--env-kwarg", f"expert={expert}", "--env-kwarg", "obs_style=compact", "--out", str(out)],
+                              "--env-kwarg", f"expert={expert}", "--env-kwarg", "obs_style=compact", "--out", str(out), "--json"],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         summary = json.loads(res.stdout)
