@@ -233,12 +233,12 @@ def _transcript_stats(path: Path) -> dict[str, Any]:
             "mean_turns": sum(turns) / max(1, len(turns)), "relabelled_turns": relabelled}
 
 
-def evaluate(model: Path, out: Path) -> dict[str, Any]:
+def evaluate(model: Path, out: Path, eval_args: Sequence[str] = tuple(EVAL_ARGS)) -> dict[str, Any]:
     """The held-out protocol on a model folder (``agentgym eval`` resumes an interrupted run from its episodes)."""
     summary = out / "summary.json"
     wall = None
     if not (summary.exists() and json.loads(summary.read_text()).get("complete")):
-        wall = sh("eval", *EVAL_ARGS, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "-q", "--out",
+        wall = sh("eval", *eval_args, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "-q", "--out",
                   str(out.relative_to(ROOT)))
     ov = json.loads(summary.read_text())["overall"]
     return {"dir": str(out.relative_to(ROOT)), "stage_wall_s": wall, "episodes": ov["episodes"],
@@ -246,23 +246,24 @@ def evaluate(model: Path, out: Path) -> dict[str, Any]:
             "mean_turns": ov["turns"]["mean"], "timings": ov.get("timings"), "load_avg_after": os.getloadavg()}
 
 
-def sft(arm: str, data: list[Path], *sets: str) -> dict[str, Any]:
+def sft(arm: str, data: list[Path], *sets: str, config: str = CONFIG, run: Path = RUN, experiment: str = EXP,
+        eval_args: Sequence[str] = tuple(EVAL_ARGS)) -> dict[str, Any]:
     """One SFT arm: train (resuming its run; skipped once ``final/`` is written), then the held-out eval of
     ``final/`` in its own process (no engine beside the trainer); exports the eval's outcomes."""
-    out = RUN / arm
+    out = run / arm
     res_file = out / "result.json"
     wall = None
     if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
         paths = "[" + ",".join(json.dumps(str(p.relative_to(ROOT))) for p in data) + "]"
         args = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"data.paths={paths}", *sets]
-        wall = sh("train", "--config", CONFIG, *[a for s in args for a in ("--set", s)])
+        wall = sh("train", "--config", config, *[a for s in args for a in ("--set", s)])
     res = json.loads(res_file.read_text())
-    ev = evaluate(out / "final", out / "eval-after")
-    export_outcomes(out / "eval-after", EXP, arm, "after")
+    ev = evaluate(out / "final", out / "eval-after", eval_args)
+    export_outcomes(out / "eval-after", experiment, arm, "after")
     return {"data": [str(p.relative_to(ROOT)) for p in data], "overrides": list(sets), "stage_wall_s": wall,
             "steps": res.get("steps"), "sft_data": res.get("sft_data"), "lr_schedule": res.get("lr_schedule"),
             "train_wall_s": round(res.get("train_wall_s", 0.0), 1), "eval": ev, "loss_curve": _loss_curve(out),
-            "tokens": _tokens(out), "failures": failure_analysis(out / "eval-after"),
+            "tokens": _tokens(out), "failures": failure_analysis(out / "eval-after") if experiment == EXP else None,
             "config": json.loads((out / "config.json").read_text())}
 
 

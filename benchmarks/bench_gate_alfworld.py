@@ -26,7 +26,17 @@ the groups as ``benchmarks/results/episodes/gate_alfworld/audit-T<t>.jsonl.gz`` 
 seed, sample, success, reward, arm, stage, turns, tokens, and the command sequence) so the sweep can be
 recomputed from the repository (``--summarize``).
 
-Run: ``python benchmarks/bench_gate_alfworld.py audit --model runs/alfworld-learning/sft-512/final``.
+**Training** (``train``): GRPO from the same model (``configs/train/alfworld/grpo.toml``, 15 steps of 4 groups of
+8 at T=1.0) per ``--seeds``, two arms that differ only in the gate: ``baseline`` (``gate.mode = "audit"`` at the
+picked K and d: every group runs whole and trains as in a plain run, and the gate's would-be decisions are
+logged with each group's final variance: the live precision and recall) and ``gate`` (``gate.mode = "enforce"``
+at the pick: stopped groups are cut at step K and kept out of the loss). Per run: generated tokens, wall-clock
+with the load average, groups cut, the live precision/recall, and the held-out eval of ``final/`` with stage 1's
+protocol; outcomes in ``episodes/gate_alfworld/<arm>-seed<s>.jsonl.gz``. The baseline arm is also stage 2
+(GRPO's gain over its start: paired against the start model's own stage-1 outcomes, ``--start-arm``).
+
+Run: ``python benchmarks/bench_gate_alfworld.py audit --model runs/alfworld-learning/sft-512/final``, then
+``python benchmarks/bench_gate_alfworld.py train --model ... --start-arm sft-512 --seeds 0,1``.
 """
 
 from __future__ import annotations
@@ -40,7 +50,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_alfworld_learning import ENV, ENV_KWARGS, EPISODES, MAX_TURNS, _machine
+from bench_alfworld_learning import (
+    ENV,
+    ENV_KWARGS,
+    EPISODES,
+    MAX_TURNS,
+    _machine,
+    clustered_bootstrap,
+    evaluate,
+    export_outcomes,
+    load_outcomes,
+    paired_bootstrap,
+)
 from bench_real_run import RESULTS, ROOT, sh
 
 EXP = "gate_alfworld"
@@ -207,9 +228,56 @@ def _plot(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+# ============================================================ training arms
+def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: int) -> dict[str, Any]:
+    out = RUN / arm / f"seed{seed}"
+    gate = ["gate.mode=" + ("audit" if arm == "baseline" else "enforce"), f"gate.k={chosen['k']}",
+            f"gate.threshold={chosen['d']}", f"gate.view={chosen['view'].split('/')[0]}",
+            f"gate.level={chosen['view'].split('/')[1]}"]
+    sets = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"run.seed={seed}", f"run.steps={steps}",
+            f"model.path={model}", *gate]
+    res_file = out / "result.json"
+    if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
+        sh("train", "--config", "configs/train/alfworld/grpo.toml", *[a for x in sets for a in ("--set", x)])
+    res = json.loads(res_file.read_text())
+    ev = evaluate(out / "final", out / "eval-after")
+    export_outcomes(out / "eval-after", EXP, f"{arm}-seed{seed}", "after")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    last = rows[-1] if rows else {}
+    groups = [json.loads(x) for x in (out / "groups.jsonl").read_text().splitlines() if x.strip()] \
+        if (out / "groups.jsonl").exists() else []
+    return {"seed": seed, "overrides": sets, "steps": res.get("steps"), "train_wall_s": res.get("train_wall_s"),
+            "generated_tokens": last.get("flow/generated_tokens"),
+            "trained_tokens": sum(r.get("rollout/trained_tokens") or 0 for r in rows),
+            "groups": len(groups), "groups_cut": sum(1 for g in groups if g.get("early_stopped")),
+            "live_gates": (res.get("dataflow") or {}).get("gates"), "lr_schedule": res.get("lr_schedule"),
+            "reward_curve": [r.get("rollout/reward_mean") for r in rows],
+            "rollout_s": [r.get("time/rollout_s") for r in rows], "eval": ev}
+
+
+def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"arms": {}, "paired": {}}
+    files = {p.name.removesuffix(".jsonl.gz"): load_outcomes(p) for p in sorted((EPISODES / EXP).glob("*-seed*.jsonl.gz"))}
+    start = EPISODES / "alfworld_learning" / f"{start_arm}.jsonl.gz" if start_arm else None
+    base_rows = load_outcomes(start) if start is not None and start.exists() else None
+    for name, rows in files.items():
+        out["arms"][name] = clustered_bootstrap(rows)
+        if base_rows is not None:
+            out["paired"][f"{name} - start ({start_arm})"] = paired_bootstrap(base_rows, rows)
+    for name in files:
+        if name.startswith("gate-seed"):
+            b = name.replace("gate-", "baseline-")
+            if b in files:
+                out["paired"][f"{name} - {b}"] = paired_bootstrap(files[b], files[name])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["audit", "summarize"])
+    ap.add_argument("stage", choices=["audit", "train", "summarize"])
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--start-arm", default=None, help="the stage-1 arm the model came from (paired before/after)")
     ap.add_argument("--model", default="runs/alfworld-learning/sft-512/final")
     ap.add_argument("--tasks", type=int, default=48, help="train tasks, one group of 8 each")
     ap.add_argument("--temperatures", default="1.0,0.7")
@@ -217,10 +285,10 @@ def main() -> None:
     path = RESULTS / f"{EXP}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     res.setdefault("audit", {})
-    for t in [float(x) for x in args.temperatures.split(",") if x.strip()]:
+    for t in [float(x) for x in args.temperatures.split(",") if x.strip()] if args.stage != "train" else []:
         arm = f"audit-T{t}"
         gz = EPISODES / EXP / f"{arm}.jsonl.gz"
-        if args.stage == "audit":
+        if args.stage == "audit":  # resumes an interrupted eval from its episodes
             d = RUN / arm
             if not (d / "summary.json").exists() or not json.loads((d / "summary.json").read_text()).get("complete"):
                 audit_eval(args.model, args.tasks, t)
@@ -233,7 +301,19 @@ def main() -> None:
                                 "success": sum(m["success"] for g in groups for m in g) / max(1, sum(map(len, groups))),
                                 "sweep": sw}
     one = res["audit"].get("1.0")
-    res["pick"] = pick(one["sweep"]) if one else None
+    if "pick" not in res or args.stage == "audit":  # fixed once training starts
+        res["pick"] = pick(one["sweep"]) if one else None
+    if args.stage == "train":
+        if res.get("pick") is None:
+            raise SystemExit("the audit picked no setting (no K, d with precision >= 0.8): the gate does not pay here; "
+                             "see gate_alfworld.json's audit")
+        res.setdefault("training", {})
+        for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
+            for arm in ("baseline", "gate"):
+                res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps)
+                path.write_text(json.dumps(res, indent=1, default=str))
+    if res.get("training"):
+        res["training_summary"] = summarize_training(res, args.start_arm)
     res["pick_rule"] = (f"most generated tokens saved among (view, K, d) with precision >= 0.8 over >= {MIN_STOPS} "
                         "stops at T=1.0 (tool-call view excluded: degenerate on text commands)")
     res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "train", "group_size": 8,
