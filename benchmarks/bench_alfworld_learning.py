@@ -282,10 +282,44 @@ def _tokens(out: Path) -> dict[str, Any]:
             "trained": sum(r.get("train/trained_tokens") or 0 for r in rows)}
 
 
-def dagger(base_arm: str, expert_n: int, tasks: int) -> dict[str, Any]:
+def cap_disagreements(src: Path, dst: Path, cap: int) -> dict[str, int]:
+    """Cut each relabelled transcript right after its ``cap``-th turn whose label differs from the action taken.
+
+    The SFT loader trains each such label as a branch sample that repeats the whole prefix, so a weak model's
+    50-turn episode with ~40 disagreements would cost ~40 prefixes; the first disagreements (the states nearest
+    the expert's path, before the episode degenerates into loops) are kept. The cut keeps messages, turns and
+    labels aligned (one label per assistant message), so the loader's checks still hold."""
+    # the loader's own test of "differs", so the cut counts alike
+    from agentgym.trainers.sft import _same, label_of
+
+    kept = cut = 0
+    with src.open() as fin, dst.open("w") as fout:
+        for line in fin:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            labels = r["info"].get("labels") or []
+            asst = [i for i, m in enumerate(r["messages"]) if m["role"] == "assistant"]
+            differ = [j for j, (lb, i) in enumerate(zip(labels, asst, strict=False))
+                      if lb is not None and not _same(label_of(lb), label_of(r["messages"][i]))]
+            if len(differ) > cap:
+                last = differ[cap - 1]
+                r["messages"] = r["messages"][: asst[last] + 1]
+                r["turns"] = r["turns"][: last + 1]
+                r["info"]["labels"] = labels[: last + 1]
+                r["info"]["acting"] = (r["info"].get("acting") or [])[: last + 1]
+                r["info"]["cut_after_disagreement"] = cap
+                cut += 1
+            kept += 1
+            fout.write(json.dumps(r) + "\n")
+    return {"transcripts": kept, "cut": cut, "cap": cap}
+
+
+def dagger(base_arm: str, expert_n: int, tasks: int, cap: int = 4) -> dict[str, Any]:
     """One DAgger round: ``base_arm``'s model acts on ``tasks`` train tasks (T=0.7, the eval's sampling), the
-    observation-only expert labels every state; then ``base_arm``'s model is fine-tuned on those relabelled
-    transcripts plus the ``expert_n`` expert transcripts for one more epoch (same config otherwise)."""
+    observation-only expert labels every state, each transcript is cut after its ``cap``-th disagreement
+    (:func:`cap_disagreements`); then ``base_arm``'s model is fine-tuned on those relabelled transcripts plus the
+    ``expert_n`` expert transcripts for one more epoch (same config otherwise)."""
     model = RUN / base_arm / "final"
     out = RUN / f"dagger-{base_arm}-{tasks}.jsonl"
     if not out.exists():
@@ -296,10 +330,12 @@ def dagger(base_arm: str, expert_n: int, tasks: int) -> dict[str, Any]:
            "--tasks", str(tasks), "--seed", "1", "--temperature", "0.7", "--max-turns", str(MAX_TURNS),
            "--max-tokens", "32", "--concurrency", "32", *ENV_KWARGS, "--out", str(part))
         part.rename(out)
+    capped = out.with_name(f"{out.stem}-cap{cap}.jsonl")
+    cut = cap_disagreements(out, capped, cap)
     arm = f"dagger-{base_arm}"
-    r = sft(arm, [RUN / f"expert-{expert_n}.jsonl", out], f"model.path={model.relative_to(ROOT)}", "data.epochs=1",
+    r = sft(arm, [RUN / f"expert-{expert_n}.jsonl", capped], f"model.path={model.relative_to(ROOT)}", "data.epochs=1",
             "optim.warmup_steps=0")
-    r["collection"] = {"file": str(out.relative_to(ROOT)), **_transcript_stats(out)}
+    r["collection"] = {"file": str(out.relative_to(ROOT)), **_transcript_stats(out), "capped": cut}
     return r
 
 
@@ -363,6 +399,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="128", help="expert transcript counts, one SFT arm each (sft-N)")
     ap.add_argument("--dagger-from", default=None, help="an arm (e.g. sft-512) to run one DAgger round from")
     ap.add_argument("--dagger-tasks", type=int, default=128, help="train tasks the model acts on in the DAgger round")
+    ap.add_argument("--dagger-cap", type=int, default=4, help="relabelled transcripts are cut after this many "
+                    "disagreements (each one is a branch sample repeating the prefix)")
     ap.add_argument("--clean", action="store_true", help="delete finished runs' checkpoints (and weights no later "
                     "stage needs)")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON from what finished")
@@ -382,7 +420,7 @@ def main() -> None:
         _save(res, path, args)
     if args.dagger_from:
         n = int(args.dagger_from.split("-")[1])
-        res["arms"][f"dagger-{args.dagger_from}"] = dagger(args.dagger_from, n, args.dagger_tasks)
+        res["arms"][f"dagger-{args.dagger_from}"] = dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap)
         _save(res, path, args)
     if args.clean:
         for arm in res["arms"]:
