@@ -17,8 +17,8 @@ vLLM (the training run's own engine, fed the trained weights).
 **Resumable.** Each stage is skipped when its output exists: a transcript file, a run whose ``result.json``
 holds its final eval. An interrupted training run continues from its newest checkpoint (``run.resume``) and an
 interrupted eval from its ``episodes.jsonl``; rerun the same command. ``--clean`` deletes a finished run's
-checkpoints and ``final/`` weights once its episodes are exported (``final/`` is kept while a later stage
-needs it).
+checkpoints and ``final/`` weights once its eval is complete (``final/`` is kept for the arms ``--dagger-from``
+and ``--keep-final`` name: later stages start from them); an evaluated arm without ``final/`` is not retrained.
 
 **Per-episode outcomes** go to ``benchmarks/results/episodes/alfworld_learning/<arm>.jsonl.gz`` (task_id,
 seed, sample, success, reward, arm, stage, task_type, turns, truncated); :func:`recompute` rebuilds every
@@ -233,11 +233,16 @@ def _transcript_stats(path: Path) -> dict[str, Any]:
             "mean_turns": sum(turns) / max(1, len(turns)), "relabelled_turns": relabelled}
 
 
+def _complete(eval_dir: Path) -> bool:
+    summary = eval_dir / "summary.json"
+    return summary.exists() and bool(json.loads(summary.read_text()).get("complete"))
+
+
 def evaluate(model: Path, out: Path, eval_args: Sequence[str] = tuple(EVAL_ARGS)) -> dict[str, Any]:
     """The held-out protocol on a model folder (``agentgym eval`` resumes an interrupted run from its episodes)."""
     summary = out / "summary.json"
     wall = None
-    if not (summary.exists() and json.loads(summary.read_text()).get("complete")):
+    if not _complete(out):
         wall = sh("eval", *eval_args, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "-q", "--out",
                   str(out.relative_to(ROOT)))
     ov = json.loads(summary.read_text())["overall"]
@@ -253,7 +258,9 @@ def sft(arm: str, data: list[Path], *sets: str, config: str = CONFIG, run: Path 
     out = run / arm
     res_file = out / "result.json"
     wall = None
-    if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
+    trained = res_file.exists() and "steps" in json.loads(res_file.read_text())
+    evaluated = _complete(out / "eval-after")
+    if not (trained and ((out / "final").is_dir() or evaluated)):  # --clean may have deleted final/ once evaluated
         paths = "[" + ",".join(json.dumps(str(p.relative_to(ROOT))) for p in data) + "]"
         args = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"data.paths={paths}", *sets]
         wall = sh("train", "--config", config, *[a for s in args for a in ("--set", s)])
@@ -401,8 +408,10 @@ def main() -> None:
     ap.add_argument("--dagger-tasks", type=int, default=128, help="train tasks the model acts on in the DAgger round")
     ap.add_argument("--dagger-cap", type=int, default=4, help="relabelled transcripts are cut after this many "
                     "disagreements (each one is a branch sample repeating the prefix)")
-    ap.add_argument("--clean", action="store_true", help="delete finished runs' checkpoints (and weights no later "
-                    "stage needs)")
+    ap.add_argument("--clean", action="store_true", help="delete evaluated runs' checkpoints, and their final/ weights "
+                    "unless --dagger-from or --keep-final names them")
+    ap.add_argument("--keep-final", default="", help="arms whose final/ a later stage starts from (DAgger, GRPO), "
+                    "kept by --clean")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON from what finished")
     args = ap.parse_args()
     path = RESULTS / f"{EXP}.json"
@@ -423,10 +432,11 @@ def main() -> None:
         res["arms"][f"dagger-{args.dagger_from}"] = dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap)
         _save(res, path, args)
     if args.clean:
+        keep = {args.dagger_from, *args.keep_final.split(",")}
         for arm in res["arms"]:
-            if (RUN / arm / "eval-after" / "summary.json").exists():
+            if _complete(RUN / arm / "eval-after"):
                 shutil.rmtree(RUN / arm / "checkpoints", ignore_errors=True)
-                if arm != args.dagger_from and not arm.startswith("dagger-"):
+                if arm not in keep:
                     shutil.rmtree(RUN / arm / "final", ignore_errors=True)
     _save(res, path, args)
     print(f"wrote {path} ({time.monotonic() - t0:.0f} s)")
