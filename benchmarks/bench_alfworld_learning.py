@@ -443,6 +443,10 @@ def main() -> None:
 
 
 def _save(res: dict[str, Any], path: Path, args: argparse.Namespace) -> None:
+    if path.exists():  # another driver (e.g. a later size, started while this one evaluated) may have saved since
+        disk = json.loads(path.read_text())
+        for k in ("collections", "arms"):
+            res[k] = {**disk.get(k, {}), **res[k]}
     arms = sorted(res["arms"])
     sizes = sorted((int(a.split("-")[1]), a) for a in arms if re.fullmatch(r"sft-\d+", a))
     pairs = [(x, y) for (_, x), (_, y) in itertools.pairwise(sizes)]

@@ -12,7 +12,8 @@ Each measurement is the second of two passes (the first warms up), as process CP
 1-minute load average before it. On a shared, oversubscribed 2-core machine the wall time is mostly other jobs';
 CPU time is the cost that stays. Writes ``benchmarks/results/cpu_training.json``.
 
-Run: ``python benchmarks/bench_cpu_training.py [--rounds 3] [--tokens 128]``.
+Run: ``python benchmarks/bench_cpu_training.py [--rounds 3] [--tokens 128] [--settings fp32-1t,fp32-2t]
+[--out cpu_training.json]``.
 """
 
 from __future__ import annotations
@@ -63,10 +64,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"a subset of {', '.join(SETTINGS)}")
+    ap.add_argument("--out", default="cpu_training.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in SETTINGS}
+    names = [s for s in args.settings.split(",") if s]
+    if unknown := set(names) - set(SETTINGS):
+        ap.error(f"unknown settings {sorted(unknown)}")
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     for r in range(args.rounds):
-        order = list(SETTINGS) if r % 2 == 0 else list(reversed(SETTINGS))
+        order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
             runs[name].append(measure(name, args.tokens))
             print(f"round {r} {name}: {runs[name][-1]}", flush=True)
@@ -86,9 +92,9 @@ def main() -> None:
            "runs": runs, "summary": summary, "argv": sys.argv,
            "versions": {"torch": md.version("torch"), "transformers": md.version("transformers")},
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "cpu_capability": torch.backends.cpu.get_cpu_capability()}}
+                       "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_avg_end": os.getloadavg()}}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cpu_training.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / args.out).write_text(json.dumps(out, indent=1))
     for name, s in summary.items():
         print(f"{name}: CPU {s['cpu_s_median']:.2f} s {s['cpu_s_range']}, wall {s['wall_s_median']:.1f} s, "
               f"{s['tokens_per_cpu_s']:.0f} tok/CPU-s")
