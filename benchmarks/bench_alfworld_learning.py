@@ -33,6 +33,8 @@ Run: ``python benchmarks/bench_alfworld_learning.py --sizes 128,512 [--dagger-fr
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gzip
 import itertools
 import json
@@ -44,7 +46,7 @@ import shutil
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,7 @@ EVAL_ARGS = ["--env", ENV, "--split", "valid_unseen", "--seeds", "0,1", "--tempe
              "--max-turns", "50", "--max-tokens", "32", "--max-total-tokens", "4096", "--concurrency", "32",
              "--env-kwarg", "obs_style=compact"]
 VLLM_OPTS = "dtype=float32&max_model_len=4096"
+BASE_MODEL = "smollm2-135m-instruct"  # the config's model.path: the untrained start of every SFT arm
 TASK_TYPES = ("look_at_obj_in_light", "pick_and_place_simple", "pick_clean_then_place_in_recep",
               "pick_cool_then_place_in_recep", "pick_heat_then_place_in_recep", "pick_two_obj_and_place")
 
@@ -238,13 +241,31 @@ def _complete(eval_dir: Path) -> bool:
     return summary.exists() and bool(json.loads(summary.read_text()).get("complete"))
 
 
-def evaluate(model: Path, out: Path, eval_args: Sequence[str] = tuple(EVAL_ARGS)) -> dict[str, Any]:
-    """The held-out protocol on a model folder (``agentgym eval`` resumes an interrupted run from its episodes)."""
+@contextlib.contextmanager
+def engine_slot(what: str) -> Iterator[None]:
+    """Hold the experiments' one vLLM engine slot (``runs/vllm.lock``) while ``what`` runs: drivers started side
+    by side (a later arm's training while an eval runs) queue here, so at most one engine of ours is alive."""
+    lock = ROOT / "runs" / "vllm.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as f:
+        print(f"waiting for the vLLM slot: {what}", flush=True)
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def evaluate(model: Path | str, out: Path, eval_args: Sequence[str] = tuple(EVAL_ARGS)) -> dict[str, Any]:
+    """The held-out protocol on a model folder or name (``agentgym eval`` resumes an interrupted run from its
+    episodes)."""
     summary = out / "summary.json"
     wall = None
     if not _complete(out):
-        wall = sh("eval", *eval_args, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "-q", "--out",
-                  str(out.relative_to(ROOT)))
+        spec = str(model.relative_to(ROOT)) if isinstance(model, Path) else model
+        with engine_slot(f"eval {out.relative_to(ROOT)}"):
+            wall = sh("eval", *eval_args, "--policy", f"vllm:{spec}?{VLLM_OPTS}", "-q", "--out",
+                      str(out.relative_to(ROOT)))
     ov = json.loads(summary.read_text())["overall"]
     return {"dir": str(out.relative_to(ROOT)), "stage_wall_s": wall, "episodes": ov["episodes"],
             "generated_tokens": ov["tokens"]["generated_total"], "prompt_tokens": ov["tokens"]["prompt_total"],
@@ -333,9 +354,10 @@ def dagger(base_arm: str, expert_n: int, tasks: int, cap: int = 4) -> dict[str, 
         if not (model / "config.json").exists():
             raise SystemExit(f"{model} is gone: rerun {base_arm} without --clean first")
         part = out.with_suffix(".part.jsonl")
-        sh("collect", "--env", ENV, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "--relabel",
-           "--tasks", str(tasks), "--seed", "1", "--temperature", "0.7", "--max-turns", str(MAX_TURNS),
-           "--max-tokens", "32", "--concurrency", "32", *ENV_KWARGS, "--out", str(part))
+        with engine_slot(f"collect {out.relative_to(ROOT)}"):
+            sh("collect", "--env", ENV, "--policy", f"vllm:{model.relative_to(ROOT)}?{VLLM_OPTS}", "--relabel",
+               "--tasks", str(tasks), "--seed", "1", "--temperature", "0.7", "--max-turns", str(MAX_TURNS),
+               "--max-tokens", "32", "--concurrency", "32", *ENV_KWARGS, "--out", str(part))
         part.rename(out)
     capped = out.with_name(f"{out.stem}-cap{cap}.jsonl")
     cut = cap_disagreements(out, capped, cap)
@@ -344,6 +366,14 @@ def dagger(base_arm: str, expert_n: int, tasks: int, cap: int = 4) -> dict[str, 
             "optim.warmup_steps=0")
     r["collection"] = {"file": str(out.relative_to(ROOT)), **_transcript_stats(out), "capped": cut}
     return r
+
+
+def base(model: str = BASE_MODEL) -> dict[str, Any]:
+    """The untrained model under the same protocol: the curve's N=0 point, paired with every SFT arm."""
+    out = RUN / "base"
+    ev = evaluate(model, out / "eval-after")
+    export_outcomes(out / "eval-after", EXP, "base", "before")
+    return {"model": model, "eval": ev, "failures": failure_analysis(out / "eval-after")}
 
 
 # ============================================================ report
@@ -404,6 +434,7 @@ def _machine() -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="128", help="expert transcript counts, one SFT arm each (sft-N)")
+    ap.add_argument("--base", action="store_true", help="also evaluate the untrained model (arm base, the N=0 point)")
     ap.add_argument("--dagger-from", default=None, help="an arm (e.g. sft-512) to run one DAgger round from")
     ap.add_argument("--dagger-tasks", type=int, default=128, help="train tasks the model acts on in the DAgger round")
     ap.add_argument("--dagger-cap", type=int, default=4, help="relabelled transcripts are cut after this many "
@@ -420,6 +451,9 @@ def main() -> None:
     res.setdefault("arms", {})
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     t0 = time.monotonic()
+    if args.base and not (args.summarize and not _complete(RUN / "base" / "eval-after")):
+        res["arms"]["base"] = base()
+        _save(res, path, args)
     for n in sizes:
         arm = f"sft-{n}"
         if args.summarize and not (RUN / arm / "eval-after" / "summary.json").exists():
@@ -450,6 +484,7 @@ def _save(res: dict[str, Any], path: Path, args: argparse.Namespace) -> None:
     arms = sorted(res["arms"])
     sizes = sorted((int(a.split("-")[1]), a) for a in arms if re.fullmatch(r"sft-\d+", a))
     pairs = [(x, y) for (_, x), (_, y) in itertools.pairwise(sizes)]
+    pairs += [("base", a) for _, a in sizes if "base" in arms]
     pairs += [(a.removeprefix("dagger-"), a) for a in arms if a.startswith("dagger-")]
     res["recomputed"] = recompute(EXP, pairs)
     res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "valid_unseen", "tasks": "all 134",

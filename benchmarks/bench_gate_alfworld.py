@@ -57,6 +57,7 @@ from bench_alfworld_learning import (
     MAX_TURNS,
     _machine,
     clustered_bootstrap,
+    engine_slot,
     evaluate,
     export_outcomes,
     load_outcomes,
@@ -75,10 +76,11 @@ MIN_STOPS = 20
 # ============================================================ the audit's groups
 def audit_eval(model: str, tasks: int, temperature: float, group: int = 8) -> Path:
     out = RUN / f"audit-T{temperature}"
-    sh("eval", "--env", ENV, "--policy", f"vllm:{model}?dtype=float32&max_model_len=4096&kv_cache_gib=4",
-       "--split", "train", "--tasks", str(tasks), "--samples", str(group), "--seeds", "0",
-       "--temperature", str(temperature), "--max-turns", str(MAX_TURNS), "--max-tokens", "32",
-       "--max-total-tokens", "4096", "--concurrency", "32", *ENV_KWARGS, "-q", "--out", str(out))
+    with engine_slot(f"audit eval {out.relative_to(ROOT)}"):
+        sh("eval", "--env", ENV, "--policy", f"vllm:{model}?dtype=float32&max_model_len=4096&kv_cache_gib=4",
+           "--split", "train", "--tasks", str(tasks), "--samples", str(group), "--seeds", "0",
+           "--temperature", str(temperature), "--max-turns", str(MAX_TURNS), "--max-tokens", "32",
+           "--max-total-tokens", "4096", "--concurrency", "32", *ENV_KWARGS, "-q", "--out", str(out))
     return out
 
 
@@ -238,7 +240,8 @@ def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: in
             f"model.path={model}", *gate]
     res_file = out / "result.json"
     if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
-        sh("train", "--config", "configs/train/alfworld/grpo.toml", *[a for x in sets for a in ("--set", x)])
+        with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
+            sh("train", "--config", "configs/train/alfworld/grpo.toml", *[a for x in sets for a in ("--set", x)])
     res = json.loads(res_file.read_text())
     ev = evaluate(out / "final", out / "eval-after")
     export_outcomes(out / "eval-after", EXP, f"{arm}-seed{seed}", "after")

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_alfworld_learning import _machine, _transcript_stats, evaluate, export_outcomes, recompute, sft
+from bench_alfworld_learning import (
+    _machine,
+    _transcript_stats,
+    engine_slot,
+    evaluate,
+    export_outcomes,
+    recompute,
+    sft,
+)
 from bench_real_run import RESULTS, ROOT, sh
 
 EXP = "sql_learning"
@@ -50,7 +58,8 @@ def grpo(seed: int, model: Path, steps: int) -> dict[str, Any]:
     if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
         sets = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"run.seed={seed}", f"run.steps={steps}",
                 f"model.path={model.relative_to(ROOT)}"]
-        sh("train", "--config", "configs/train/sql/grpo.toml", *[a for x in sets for a in ("--set", x)])
+        with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
+            sh("train", "--config", "configs/train/sql/grpo.toml", *[a for x in sets for a in ("--set", x)])
     res = json.loads(res_file.read_text())
     ev = evaluate(out / "final", out / "eval-after", EVAL_ARGS)
     export_outcomes(out / "eval-after", EXP, f"grpo-seed{seed}", "after")
