@@ -1,0 +1,338 @@
+"""Issue 25, stage 3: the Selective Rollout gate on ALFWorld, from the imitated model. Audit first.
+
+**Audit (offline, whole groups).** The imitated model (``--model``, stage 1's best arm) plays ``--tasks`` train
+tasks as groups of G=8 (``agentgym eval --samples 8``) at each ``--temperatures`` (1.0, the GRPO rollout
+temperature, and 0.7, the eval's), with the stage-1 protocol (compact observations, 50 turns, 32 tokens per
+turn). Every group runs to the end, so each one's final reward variance is known. The gate's own distance
+(:func:`agentgym.rollout.gates.mean_pairwise_distance` over :func:`canonical_action` /
+:func:`canonical_calls` strings, exactly what ``SelectiveRolloutGate`` computes live) is then replayed at each K
+of ``--ks``:
+
+* **separation**: the distance's distribution in zero-variance groups and in informative ones (quantiles) and
+  the AUC, P(distance of a zero-variance group < distance of an informative one), ties counted half;
+* **the K/d sweep** (the paper's K=10, d=0.12 among the points): decisions (groups with a member still running
+  after K steps: where the live gate decides), stops, precision (stopped groups that really ended
+  zero-variance), recall (zero-variance groups that were stopped, of those decided), and generated tokens saved
+  (tokens after step K in stopped groups, over every token of every group);
+* in three **views**: ``action`` at ``step`` level (one symbol per command: the text view for a text-command env),
+  ``action`` at ``char`` level (the commands' characters), and ``tool_calls`` (parsed tool calls only; ALFWorld's
+  text mode parses none, so every step is ``<no_call>`` and every group has distance 0: reported so the
+  degenerate view is visible, not used).
+
+**The pick** (fixed before any training run, from the audit alone): the (view, K, d) with the most tokens saved
+among settings with precision >= 0.8 over at least 20 stops at T=1.0; none qualifying means the gate does not
+pay here, and the audit's numbers say why. Writes ``benchmarks/results/gate_alfworld.json`` (+ ``.png``) and
+the groups as ``benchmarks/results/episodes/gate_alfworld/audit-T<t>.jsonl.gz`` (one row per episode: task_id,
+seed, sample, success, reward, arm, stage, turns, tokens, and the command sequence) so the sweep can be
+recomputed from the repository (``--summarize``).
+
+**Training** (``train``): GRPO from the same model (``configs/train/alfworld/grpo.toml``, 15 steps of 4 groups of
+8 at T=1.0) per ``--seeds``, two arms that differ only in the gate: ``baseline`` (``gate.mode = "audit"`` at the
+picked K and d: every group runs whole and trains as in a plain run, and the gate's would-be decisions are
+logged with each group's final variance: the live precision and recall) and ``gate`` (``gate.mode = "enforce"``
+at the pick: stopped groups are cut at step K and kept out of the loss). Per run: generated tokens, wall-clock
+with the load average, groups cut, the live precision/recall, and the held-out eval of ``final/`` with stage 1's
+protocol; outcomes in ``episodes/gate_alfworld/<arm>-seed<s>.jsonl.gz``. The baseline arm is also stage 2
+(GRPO's gain over its start: paired against the start model's own stage-1 outcomes, ``--start-arm``).
+
+Run: ``python benchmarks/bench_gate_alfworld.py audit --model runs/alfworld-learning/sft-512/final``, then
+``python benchmarks/bench_gate_alfworld.py train --model ... --start-arm sft-512 --seeds 0,1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_alfworld_learning import (
+    ENV,
+    ENV_KWARGS,
+    EPISODES,
+    MAX_TURNS,
+    _machine,
+    clustered_bootstrap,
+    engine_slot,
+    evaluate,
+    export_outcomes,
+    load_outcomes,
+    paired_bootstrap,
+)
+from bench_real_run import RESULTS, ROOT, sh
+
+EXP = "gate_alfworld"
+RUN = ROOT / "runs" / "gate-alfworld"
+KS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 15]
+DS = [0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5]
+VIEWS = [("action", "step"), ("action", "char"), ("tool_calls", "step")]
+MIN_STOPS = 20
+
+
+# ============================================================ the audit's groups
+def audit_eval(model: str, tasks: int, temperature: float, group: int = 8) -> Path:
+    out = RUN / f"audit-T{temperature}"
+    with engine_slot(f"audit eval {out.relative_to(ROOT)}"):
+        sh("eval", "--env", ENV, "--policy", f"vllm:{model}?dtype=float32&max_model_len=4096&kv_cache_gib=4",
+           "--split", "train", "--tasks", str(tasks), "--samples", str(group), "--seeds", "0",
+           "--temperature", str(temperature), "--max-turns", str(MAX_TURNS), "--max-tokens", "32",
+           "--max-total-tokens", "4096", "--concurrency", "32", *ENV_KWARGS, "-q", "--out", str(out))
+    return out
+
+
+def export_groups(eval_dir: Path, arm: str) -> Path:
+    """Per-episode rows with each step's action strings in both views and its generated tokens."""
+    from agentgym.eval.runner import load_episodes
+    from agentgym.parsers import get_parser
+    from agentgym.rollout.gates import canonical_action, canonical_calls
+
+    react = get_parser("react")
+    rows = []
+    for t in load_episodes(eval_dir).values():
+        acts, calls = [], []
+        for tr in t.turns:
+            parsed = react.parse(tr.text)
+            acts.append(canonical_action(tr.tool_calls, parsed.command, tr.text))
+            calls.append(canonical_calls(tr.tool_calls))
+        rows.append({"task_id": t.task_id, "seed": t.info.get("seed"), "sample": t.info.get("sample", 0),
+                     "success": bool(t.success), "reward": float(t.reward), "arm": arm, "stage": "audit",
+                     "turns": len(t.turns), "turn_tokens": [len(tr.completion_token_ids) for tr in t.turns],
+                     "actions": acts, "calls": calls, "task_type": t.info.get("task_type")})
+    rows.sort(key=lambda r: (r["task_id"], r["seed"], r["sample"]))
+    path = EPISODES / EXP / f"{arm}.jsonl.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    return path
+
+
+def groups_of(path: Path) -> list[list[dict[str, Any]]]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    by: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[(r["task_id"], r["seed"])].append(r)
+    return [sorted(g, key=lambda r: r["sample"]) for g in by.values()]
+
+
+# ============================================================ the sweep
+def _zero_variance(g: list[dict[str, Any]]) -> bool:
+    rs = [m["reward"] for m in g]
+    return max(rs) - min(rs) <= 1e-9
+
+
+def _auc(zv: list[float], inf: list[float]) -> float | None:
+    """P(a zero-variance group's distance < an informative group's), ties half (Mann-Whitney)."""
+    if not zv or not inf:
+        return None
+    wins = sum((a < b) + 0.5 * (a == b) for a in zv for b in inf)
+    return wins / (len(zv) * len(inf))
+
+
+def _q(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return {p: round(s[min(len(s) - 1, int(f * len(s)))], 4) for p, f in
+            (("p10", 0.1), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p90", 0.9))} | {"n": len(s)}
+
+
+def sweep(groups: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    from agentgym.rollout.gates import mean_pairwise_distance
+
+    total = sum(sum(m["turn_tokens"]) for g in groups for m in g)
+    zv_all = sum(_zero_variance(g) for g in groups)
+    out: dict[str, Any] = {"groups": len(groups), "zero_variance_groups": zv_all, "generated_tokens": total,
+                           "views": {}}
+    for key, level in VIEWS:
+        view = f"{key}/{level}"
+        per_k = []
+        for k in KS:
+            decided = [g for g in groups if max(m["turns"] for m in g) > k]
+            field = "actions" if key == "action" else "calls"
+            scored = [(mean_pairwise_distance([m[field][:k] for m in g], level),  # type: ignore[arg-type]
+                       _zero_variance(g), sum(sum(m["turn_tokens"][k:]) for m in g)) for g in decided]
+            zv = [s for s, z, _ in scored if z]
+            inf = [s for s, z, _ in scored if not z]
+            points = []
+            for d in DS:
+                stops = [(z, saved) for s, z, saved in scored if s < d]
+                correct = sum(z for z, _ in stops)
+                points.append({"d": d, "stops": len(stops), "precision": round(correct / len(stops), 4) if stops else None,
+                               "recall": round(correct / len(zv), 4) if zv else None,
+                               "recall_of_all_zero_variance": round(correct / zv_all, 4) if zv_all else None,
+                               "tokens_saved_frac": round(sum(s for _, s in stops) / total, 4) if total else None})
+            per_k.append({"k": k, "decisions": len(decided), "zero_variance": len(zv), "informative": len(inf),
+                          "distance_zero_variance": _q(zv), "distance_informative": _q(inf),
+                          "auc": None if _auc(zv, inf) is None else round(_auc(zv, inf), 4), "sweep": points})
+        out["views"][view] = per_k
+    return out
+
+
+def pick(sw: dict[str, Any]) -> dict[str, Any] | None:
+    """The rule fixed before training: most tokens saved at precision >= 0.8 over >= MIN_STOPS stops (the
+    degenerate tool-call view excluded: it stops every group whatever its members do)."""
+    best = None
+    for view, per_k in sw["views"].items():
+        if view.startswith("tool_calls"):
+            continue
+        for row in per_k:
+            for p in row["sweep"]:
+                if p["precision"] is None or p["precision"] < 0.8 or p["stops"] < MIN_STOPS:
+                    continue
+                if best is None or p["tokens_saved_frac"] > best["tokens_saved_frac"]:
+                    best = {"view": view, "k": row["k"], **p}
+    return best
+
+
+# ============================================================ report
+def _plot(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    audits = res.get("audit", {})
+    if not audits:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for t, a in audits.items():
+        rows = a["sweep"]["views"]["action/step"]
+        axes[0].plot([r["k"] for r in rows], [r["auc"] for r in rows], marker="o", label=f"T={t}")
+        at = {p["d"]: p for r in rows if r["k"] == 10 for p in r["sweep"]}
+        for r in rows:
+            if r["k"] in (2, 5, 10):
+                axes[1].plot([p["recall"] for p in r["sweep"]], [p["precision"] for p in r["sweep"]], marker=".",
+                             label=f"T={t}, K={r['k']}")
+                axes[2].plot([p["d"] for p in r["sweep"]], [p["tokens_saved_frac"] for p in r["sweep"]], marker=".",
+                             label=f"T={t}, K={r['k']}")
+        if 0.12 in at and at[0.12]["precision"] is not None:
+            axes[1].scatter([at[0.12]["recall"]], [at[0.12]["precision"]], marker="*", s=120, color="k", zorder=5)
+    axes[0].set_xlabel("K")
+    axes[0].set_ylabel("AUC (zero-variance below informative)")
+    axes[0].axhline(0.5, color="grey", lw=0.8, ls="--")
+    axes[1].set_xlabel("recall")
+    axes[1].set_ylabel("precision")
+    axes[1].axhline(0.8, color="grey", lw=0.8, ls="--")
+    axes[1].set_title("action view, * = K=10, d=0.12", fontsize=9)
+    axes[2].set_xlabel("d")
+    axes[2].set_ylabel("generated tokens saved")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ============================================================ training arms
+def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: int) -> dict[str, Any]:
+    out = RUN / arm / f"seed{seed}"
+    gate = ["gate.mode=" + ("audit" if arm == "baseline" else "enforce"), f"gate.k={chosen['k']}",
+            f"gate.threshold={chosen['d']}", f"gate.view={chosen['view'].split('/')[0]}",
+            f"gate.level={chosen['view'].split('/')[1]}"]
+    sets = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"run.seed={seed}", f"run.steps={steps}",
+            f"model.path={model}", *gate]
+    res_file = out / "result.json"
+    if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
+        with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
+            sh("train", "--config", "configs/train/alfworld/grpo.toml", *[a for x in sets for a in ("--set", x)])
+    res = json.loads(res_file.read_text())
+    ev = evaluate(out / "final", out / "eval-after")
+    export_outcomes(out / "eval-after", EXP, f"{arm}-seed{seed}", "after")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    last = rows[-1] if rows else {}
+    groups = [json.loads(x) for x in (out / "groups.jsonl").read_text().splitlines() if x.strip()] \
+        if (out / "groups.jsonl").exists() else []
+    return {"seed": seed, "overrides": sets, "steps": res.get("steps"), "train_wall_s": res.get("train_wall_s"),
+            "generated_tokens": last.get("flow/generated_tokens"),
+            "trained_tokens": sum(r.get("rollout/trained_tokens") or 0 for r in rows),
+            "groups": len(groups), "groups_cut": sum(1 for g in groups if g.get("early_stopped")),
+            "live_gates": (res.get("dataflow") or {}).get("gates"), "lr_schedule": res.get("lr_schedule"),
+            "reward_curve": [r.get("rollout/reward_mean") for r in rows],
+            "rollout_s": [r.get("time/rollout_s") for r in rows], "eval": ev}
+
+
+def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"arms": {}, "paired": {}}
+    files = {p.name.removesuffix(".jsonl.gz"): load_outcomes(p) for p in sorted((EPISODES / EXP).glob("*-seed*.jsonl.gz"))}
+    start = EPISODES / "alfworld_learning" / f"{start_arm}.jsonl.gz" if start_arm else None
+    base_rows = load_outcomes(start) if start is not None and start.exists() else None
+    for name, rows in files.items():
+        out["arms"][name] = clustered_bootstrap(rows)
+        if base_rows is not None:
+            out["paired"][f"{name} - start ({start_arm})"] = paired_bootstrap(base_rows, rows)
+    for name in files:
+        if name.startswith("gate-seed"):
+            b = name.replace("gate-", "baseline-")
+            if b in files:
+                out["paired"][f"{name} - {b}"] = paired_bootstrap(files[b], files[name])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("stage", choices=["audit", "train", "summarize"])
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--start-arm", default=None, help="the stage-1 arm the model came from (paired before/after)")
+    ap.add_argument("--model", default="runs/alfworld-learning/sft-512/final")
+    ap.add_argument("--tasks", type=int, default=48, help="train tasks, one group of 8 each")
+    ap.add_argument("--temperatures", default="1.0,0.7")
+    args = ap.parse_args()
+    path = RESULTS / f"{EXP}.json"
+    res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    res.setdefault("audit", {})
+    for t in [float(x) for x in args.temperatures.split(",") if x.strip()] if args.stage != "train" else []:
+        arm = f"audit-T{t}"
+        gz = EPISODES / EXP / f"{arm}.jsonl.gz"
+        if args.stage == "audit":  # resumes an interrupted eval from its episodes
+            d = RUN / arm
+            if not (d / "summary.json").exists() or not json.loads((d / "summary.json").read_text()).get("complete"):
+                audit_eval(args.model, args.tasks, t)
+            export_groups(d, arm)
+        if not gz.exists():
+            continue
+        groups = groups_of(gz)
+        sw = sweep(groups)
+        res["audit"][str(t)] = {"model": args.model, "tasks": len(groups), "group_size": 8, "temperature": t,
+                                "success": sum(m["success"] for g in groups for m in g) / max(1, sum(map(len, groups))),
+                                "sweep": sw}
+    one = res["audit"].get("1.0")
+    if "pick" not in res or args.stage == "audit":  # fixed once training starts
+        res["pick"] = pick(one["sweep"]) if one else None
+    if args.stage == "train":
+        if res.get("pick") is None:
+            raise SystemExit("the audit picked no setting (no K, d with precision >= 0.8): the gate does not pay here; "
+                             "see gate_alfworld.json's audit")
+        res.setdefault("training", {})
+        for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
+            for arm in ("baseline", "gate"):
+                res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps)
+                path.write_text(json.dumps(res, indent=1, default=str))
+    if res.get("training"):
+        res["training_summary"] = summarize_training(res, args.start_arm)
+    res["pick_rule"] = (f"most generated tokens saved among (view, K, d) with precision >= 0.8 over >= {MIN_STOPS} "
+                        "stops at T=1.0 (tool-call view excluded: degenerate on text commands)")
+    res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "train", "group_size": 8,
+                       "max_turns": MAX_TURNS, "max_tokens": 32, "backend": "vllm fp32", "ks": KS, "ds": DS}
+    res["command"] = "python " + " ".join(["benchmarks/bench_gate_alfworld.py", *sys.argv[1:]])
+    res["argv"] = sys.argv
+    res["machine"] = _machine()
+    path.write_text(json.dumps(res, indent=1, default=str))
+    _plot(res, path.with_suffix(".png"))
+    print(json.dumps(res["pick"], indent=1))
+    for t, a in res["audit"].items():
+        for r in a["sweep"]["views"]["action/step"]:
+            p = next(p for p in r["sweep"] if p["d"] == 0.12)
+            print(f"T={t} K={r['k']:>2}: decisions {r['decisions']}, AUC {r['auc']}, d=0.12 -> stops {p['stops']} "
+                  f"precision {p['precision']} recall {p['recall']} saved {p['tokens_saved_frac']}")
+
+
+if __name__ == "__main__":
+    main()
