@@ -71,9 +71,14 @@ def breakdown(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# the summary's ``success.method`` (agentgym.eval.stats.success_interval), worded as the trainer prints it
+_INTERVAL_KINDS = {"wilson": "Wilson 95% over episodes", "bootstrap over tasks": "95% bootstrap over tasks"}
+
+
 def success_interval(summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Success of an eval summary's ``overall`` block: mean with the 95% CI over seeds, or the Wilson interval
-    of the pooled rate where there was one seed. ``None`` without a summary."""
+    """Success of an eval summary's ``overall`` block: mean with its 95% interval, labelled by the summary's
+    ``method`` (a bootstrap over tasks, or Wilson over the episodes), or the Wilson interval of the pooled rate
+    where an older summary had none. ``None`` without a summary."""
     ov = (summary or {}).get("overall")
     if not isinstance(ov, dict):
         return None
@@ -81,7 +86,7 @@ def success_interval(summary: dict[str, Any] | None) -> dict[str, Any] | None:
     mean = s.get("mean")
     if not isinstance(mean, (int, float)):
         return None
-    ci, kind = s.get("ci95"), "95% CI over seeds"
+    ci, kind = s.get("ci95"), _INTERVAL_KINDS.get(str(s.get("method")), "95% CI over seeds")  # no method: older summaries
     if not ci:
         ci, kind = s.get("wilson95"), "Wilson 95% (one seed)"
     return {"mean": float(mean), "ci95": ci if isinstance(ci, list) and len(ci) == 2 else None, "interval": kind,

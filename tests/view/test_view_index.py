@@ -13,7 +13,7 @@ from view_runs import ENV, trajectory
 from agentgym.errors import ConfigurationError, DocumentNotFound
 from agentgym.rollout.jsonl import append_jsonl, dumps_trajectory
 from agentgym.view import Site, discover_runs
-from agentgym.view.analysis import breakdown, compare, heldout_curve, metric_series
+from agentgym.view.analysis import breakdown, compare, heldout_curve, metric_series, success_interval
 from agentgym.view.index import (
     MAX_TEXT,
     JsonlIndex,
@@ -240,6 +240,10 @@ def test_metric_series_and_heldout_curve(runs: dict[str, Path]) -> None:
     assert [(p["run"], p["step"]) for p in curve] == [(10, 0), (11, 2), (12, 6)]
     assert curve[0]["ci95"] == [0.4, 0.6] and curve[1]["interval"].startswith("Wilson")
     assert curve[2]["success"] is None
+    # the interval is named by the summary's method (agentgym.eval.stats), in the trainer's words
+    for method, words in (("wilson", "Wilson 95% over episodes"), ("bootstrap over tasks", "95% bootstrap over tasks")):
+        s = success_interval({"overall": {"success": {"mean": 0.5, "ci95": [0.2, 0.8], "method": method}}})
+        assert s is not None and s["interval"] == words and s["ci95"] == [0.2, 0.8]
 
 
 # --------------------------------------------------------------------------------------------- documents

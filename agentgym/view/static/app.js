@@ -11,6 +11,8 @@
   var MODE = (document.querySelector('meta[name="agentgym-view-mode"]') || {}).content || "server";
   var SVGNS = "http://www.w3.org/2000/svg";
   var PAGE = 200;
+  // an eval summary's success.method, worded as the trainer prints it (analysis.py's _INTERVAL_KINDS)
+  var INTERVAL_KINDS = { "wilson": "Wilson 95% over episodes", "bootstrap over tasks": "95% bootstrap over tasks" };
   var AGV = (window.AGV = window.AGV || {});
 
   // ------------------------------------------------------------------------------------------- data
@@ -330,7 +332,7 @@
       return h("tr", null,
         h("td", null, b[0]),
         h("td", { class: "num" }, num(b[1].episodes)),
-        h("td", { class: "num" }, successCell(s.mean, s.ci95 || s.wilson95, s.ci95 ? "95% CI over seeds" : "Wilson 95%")),
+        h("td", { class: "num" }, successCell(s.mean, s.ci95 || s.wilson95, s.ci95 ? (INTERVAL_KINDS[s.method] || "95% CI over seeds") : "Wilson 95%")),
         h("td", { class: "num" }, passKeys.map(function (k, i) {
           var v = (b[1].pass_at_k || {})[k];
           return h("div", { title: v && v.ci95 ? k + " " + ciText(v.ci95) + " (95% CI over seeds)" : null }, k.replace("pass@", "@") + " " + (v ? pct(v.mean) : "–"));
