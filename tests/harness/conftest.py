@@ -43,8 +43,8 @@ def _trainer_conftest() -> Any:
 def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The trainer tests' starting point: the tiny model after a short SFT on the gullible demonstrator
     (it answers with what a tool returned, but mostly asks the wrong tool: near-chance success)."""
+    from agentgym.recipes import run_training
     from agentgym.trainers.config import validate_config
-    from agentgym.trainers.recipe import run_training
 
     root = tmp_path_factory.mktemp("tiny-sft")
     demos = _trainer_conftest().protocol_demos(root / "demos.jsonl")

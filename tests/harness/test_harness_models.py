@@ -70,14 +70,16 @@ async def run(policy: Any, agent: Any, tasks: list[str], g: int = 2) -> list[Any
 
 def check_model_ids(trajs: list[Any], rec: Recording) -> dict[str, int]:
     contexts = [p + list(gen.token_ids) for p, gen in rec.log]
-    by_ids = {tuple(gen.token_ids): gen for _, gen in rec.log}
+    by_ids: dict[tuple[int, ...], list[list[float]]] = {}  # two generations may share ids (not logprobs)
+    for _, gen in rec.log:
+        by_ids.setdefault(tuple(gen.token_ids), []).append(list(gen.logprobs))
     totals = {"requests": 0, "segments": 0, "rerender_drift": 0, "reused_completions": 0, "prompt_mismatches": 0}
     for t in trajs:
         assert t.error is None, t.error
         assert t.metrics["requests"] >= 1
         for turn in t.turns:
-            gen = by_ids[tuple(turn.completion_token_ids)]  # a generation of the model, verbatim
-            assert turn.completion_logprobs == list(gen.logprobs)
+            # a generation of the model, verbatim: its ids and its logprobs
+            assert turn.completion_logprobs in by_ids[tuple(turn.completion_token_ids)]
         for seg in t.segments():
             assert seg.token_ids in contexts  # the last prompt of the chain + what the model generated
             assert seg.logprobs is not None

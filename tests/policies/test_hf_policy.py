@@ -180,7 +180,7 @@ async def test_weight_update_mid_generation_gives_per_token_versions(hf_policy: 
     task = asyncio.ensure_future(hf_policy.generate([_req("Count from one to fifty.", temperature=0.0, max_tokens=30)]))
     await hold.wait()
     try:
-        await hf_policy.update_weights_async({name: original}, v0 + 1)  # same values, new version
+        await hf_policy.update_weights_async(WeightUpdate.full({name: original}), v0 + 1)  # same values, new version
     finally:
         hold.release()
     (g,) = await task
@@ -325,7 +325,7 @@ async def test_a_weight_update_empties_the_prefix_cache(hf_policy: Any, uncached
     assert len(hf_policy.prefix_cache) > 0
     v0 = hf_policy.weight_version
     try:
-        hf_policy.update_weights({name: changed}, v0 + 1)  # the twin shares the model: it serves the new weights too
+        hf_policy.update_weights(WeightUpdate.full({name: changed}), v0 + 1)  # the twin shares the model: it serves the new weights too
         assert len(hf_policy.prefix_cache) == 0
         before = hf_policy.prefill_tokens
         (after,) = await hf_policy.generate([req])
@@ -338,11 +338,11 @@ async def test_a_weight_update_empties_the_prefix_cache(hf_policy: Any, uncached
         while not hf_policy._active or len(hf_policy._active[0].tokens) < 5:
             await asyncio.sleep(0.005)
         stored = hf_policy.prefix_cache.counters["stored"]
-        await hf_policy.update_weights_async({name: changed}, v0 + 2)
+        await hf_policy.update_weights_async(WeightUpdate.full({name: changed}), v0 + 2)
         await task
         assert hf_policy.prefix_cache.counters["stored"] == stored and len(hf_policy.prefix_cache) == 0
     finally:
-        await hf_policy.update_weights_async({name: original}, v0 + 3)
+        await hf_policy.update_weights_async(WeightUpdate.full({name: original}), v0 + 3)
 
 
 async def test_the_prefix_cache_stays_under_its_budget(smollm2_path: str, hf_policy: Any) -> None:

@@ -205,7 +205,7 @@ def test_prioritized_replay_weights_reach_the_loss(tiny_sft_model: str, tmp_path
         return real(groups, pid, **kw)
 
     monkeypatch.setattr(recipe, "samples_from_groups", spy)
-    res = run_training(_cfg(tiny_sft_model, tmp_path, steps=4,
+    res = run_training(_cfg(tiny_sft_model, tmp_path, steps=8,
                             rollout={"groups_per_step": 4, "tasks": 8},
                             dataflow={"replay_ratio": 0.5, "replay_priority": "recency", "replay_half_life": 1.0}))
     rows = _rows(tmp_path)
