@@ -3,7 +3,6 @@ and a scripted token policy over the real tokenizer (for tests about our own boo
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,23 +30,16 @@ def tiny_tokenizer(tiny_model: str) -> Any:
     return load_tokenizer(tiny_model)
 
 
-def _trainer_conftest() -> Any:
-    spec = importlib.util.spec_from_file_location("agentgym_trainer_test_fixtures", TRAINERS / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The trainer tests' starting point: the tiny model after a short SFT on the gullible demonstrator
     (it answers with what a tool returned, but mostly asks the wrong tool: near-chance success)."""
+    import tiny_lookup
     from agentgym.recipes import run_training
     from agentgym.trainers.config import validate_config
 
     root = tmp_path_factory.mktemp("tiny-sft")
-    demos = _trainer_conftest().protocol_demos(root / "demos.jsonl")
+    demos = tiny_lookup.protocol_demos(root / "demos.jsonl")
     cfg = validate_config({
         "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 100, "seed": 0, "threads": 2},
         "model": {"path": tiny_model},

@@ -71,7 +71,7 @@ def completion(side: str) -> str:
     return "<tool_call>" + json.dumps({"name": "pick", "arguments": {"side": side}}) + "</tool_call>"
 
 
-def build_tiny_player(out: str | Path, *, steps: int = 150, seed: int = 0) -> Path:
+def build_tiny_player(out: str | Path, *, steps: int = 300, seed: int = 0) -> Path:
     """A tiny Llama (SmolLM2's tokenizer and template) fitted to answer with ``pick`` of either side."""
     import torch
     from agentgym.policies.models import load_tokenizer
