@@ -32,22 +32,7 @@ def tiny_tokenizer(tiny_model: str) -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_sft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The trainer tests' starting point: the tiny model after a short SFT on the gullible demonstrator
-    (it answers with what a tool returned, but mostly asks the wrong tool: near-chance success)."""
+    """The trainer tests' starting point (tiny_lookup.build_tiny_sft_model)."""
     import tiny_lookup
-    from agentgym.recipes import run_training
-    from agentgym.trainers.config import validate_config
 
-    root = tmp_path_factory.mktemp("tiny-sft")
-    demos = tiny_lookup.protocol_demos(root / "demos.jsonl")
-    cfg = validate_config({
-        "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 100, "seed": 0, "threads": 2},
-        "model": {"path": tiny_model},
-        "data": {"paths": [str(demos)], "batch_size": 16},
-        "optim": {"lr": 1e-2},
-        "rollout": {"env": "agentgym/TinyLookup-v0"},
-        "eval": {"before": False, "after": False},
-        "log": {"progress": False, "plot": False},
-    })
-    run_training(cfg)
-    return str(root / "run" / "final")
+    return tiny_lookup.build_tiny_sft_model(tiny_model, tmp_path_factory.mktemp("tiny-sft"))

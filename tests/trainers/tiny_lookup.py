@@ -177,3 +177,23 @@ def protocol_demos(out: Path) -> Path:
     groups = asyncio.run(run())
     write_jsonl(out, [t for g in groups for t in g])
     return out
+
+
+def build_tiny_sft_model(model: str, root: Path) -> str:
+    """The trainer tests' starting point: ``model`` after a short SFT on the gullible demonstrator's
+    transcripts (it answers with what a tool returned, but mostly asks the wrong tool: near-chance success)."""
+    from agentgym.recipes import run_training
+    from agentgym.trainers.config import validate_config
+
+    demos = protocol_demos(root / "demos.jsonl")
+    cfg = validate_config({
+        "run": {"algorithm": "sft", "out_dir": str(root / "run"), "steps": 100, "seed": 0, "threads": 2},
+        "model": {"path": model},
+        "data": {"paths": [str(demos)], "batch_size": 16},
+        "optim": {"lr": 1e-2},
+        "rollout": {"env": "agentgym/TinyLookup-v0"},
+        "eval": {"before": False, "after": False},
+        "log": {"progress": False, "plot": False},
+    })
+    run_training(cfg)
+    return str(root / "run" / "final")
