@@ -27,7 +27,7 @@ import pytest
 from agentgym.recipes import run_training
 from agentgym.trainers.config import validate_config
 
-STEPS = 20
+STEPS = 30
 
 
 def _run(model: str, out: Path, lr: float) -> dict[str, Any]:

@@ -97,10 +97,7 @@ register_env(ENV_ID, "tiny_lookup:TinyLookupEnv", family="test", max_episode_ste
              description="Tiny lookup task (tests): call lookup[], then answer[value].")
 
 
-_RNG = random.Random(0)
-
-
-def gullible_demonstrator(messages: list[Message]) -> str:
+def gullible_demonstrator(messages: list[Message], rng: random.Random) -> str:
     """A scripted demonstrator that reads tool results well but mostly asks the wrong tool: it calls
     ``rumor`` (a random value) with probability 0.7 and ``lookup`` (the true value) otherwise, then
     answers with whatever the tool returned. Imitating it teaches the format and how to use a
@@ -109,7 +106,7 @@ def gullible_demonstrator(messages: list[Message]) -> str:
     last = messages[-1]
     if last["role"] == "tool" and last["content"].startswith("value["):
         return f"answer[{last['content'][len('value['):-1]}]"
-    return "rumor[]" if _RNG.random() < 0.7 else "lookup[]"
+    return "rumor[]" if rng.random() < 0.7 else "lookup[]"
 
 
 def corpus() -> list[str]:
@@ -154,9 +151,15 @@ def build_tiny_model(out: str | Path, *, hidden: int = 64, layers: int = 2, head
     return out
 
 
-def protocol_demos(out: Path) -> Path:
-    """Transcripts of the protocol-only demonstrator, collected through the rollout engine."""
+def protocol_demos(out: Path, seed: int = 0) -> Path:
+    """Transcripts of the protocol-only demonstrator, collected through the rollout engine.
+
+    The same file for the same ``seed``, whatever ran before in the process and however the host is loaded:
+    the demonstrator draws from its own generator, and episodes run one at a time, so its draws meet the
+    episodes in one order. (A module-level generator shared by every caller made the fixture's model depend on
+    which tests had collected demos before it, and CI's trainer tests on that model failed.)"""
     import asyncio
+    import functools
 
     from agentgym.policies.scripted import ScriptedPolicy
 
@@ -165,10 +168,11 @@ def protocol_demos(out: Path) -> Path:
     from agentgym.rollout.jsonl import write_jsonl
 
     async def run() -> list[Any]:
-        rt = RolloutRuntime(16)
+        rt = RolloutRuntime(1)
         try:
             env = TinyLookupEnv()
-            wf = CollectWorkflow(ScriptedPolicy(gullible_demonstrator), 4, limits=RolloutLimits(max_turns=3))
+            demonstrator = functools.partial(gullible_demonstrator, rng=random.Random(seed))
+            wf = CollectWorkflow(ScriptedPolicy(demonstrator), 4, limits=RolloutLimits(max_turns=3))
             reqs = [GroupRequest(ENV_ID, t.task_id, seed=0) for t in env.tasks("train")]
             return await RolloutEngine(rt).run(wf, reqs)
         finally:
