@@ -87,11 +87,14 @@ class WeightWorkerExtension:
     _ag_version: int | None = None  # the last signed version applied here
     _ag_staged: dict[str, Any] | None = None  # a chunked update being received
 
-    def agentgym_init_master(self, model_path: str) -> int:
-        """Load the checkpoint-format master copy from ``model_path`` (idempotent). Returns #tensors."""
+    def agentgym_init_master(self) -> int:
+        """Load the checkpoint-format master copy from the engine's own model folder (idempotent).
+        Returns #tensors. It takes no path: ``POST /collective_rpc`` reaches this method without vLLM's API key,
+        so a path argument would let any caller load weights from any folder on the server's disk."""
         if self._ag_master is None:
             from safetensors.torch import load_file
 
+            model_path = str(self.model_runner.model_config.model)  # type: ignore[attr-defined]
             files = sorted(Path(model_path).glob("*.safetensors"))
             if not files:
                 raise FileNotFoundError(f"{model_path} has no *.safetensors files")
@@ -223,7 +226,7 @@ class WeightWorkerExtension:
 
     def _master(self) -> dict[str, Any]:
         if self._ag_master is None:
-            self.agentgym_init_master(str(self.model_runner.model_config.model))  # type: ignore[attr-defined]
+            self.agentgym_init_master()
         assert self._ag_master is not None
         return self._ag_master
 

@@ -792,10 +792,10 @@ class RemoteEnv(AgentEnv):
             elif parsed.error is None and isinstance(text, str) and self._openenv_field is not None:
                 payloads = [({self._openenv_field: text}, None)]
             elif parsed.error is None and isinstance(text, str) and text.strip().startswith("{"):
-                try:
-                    obj = json.loads(text)
+                try:  # the agent's text: a huge integer or deep nesting is a parse error, not an exception
+                    obj = loads(text)
                     payloads = [(obj, None)] if isinstance(obj, dict) else []
-                except json.JSONDecodeError:
+                except MalformedJSON:
                     payloads = []
         if not payloads:
             reason = parsed.error or "no action found"

@@ -300,3 +300,28 @@ def test_hf_policy_without_a_key_takes_no_signed_payload(tiny_hf: Any, monkeypat
     with pytest.raises(UpdateNotAuthenticated, match="no weights key"):
         keyless.update_weights(encode(WeightUpdate.full({}), 1, b"any key"), 1)
     assert keyless.weight_version == 0
+
+
+def test_worker_methods_take_no_path_from_the_caller(tmp_path: Any) -> None:
+    """Issue 23: ``POST /collective_rpc`` reaches the worker's methods without vLLM's API key, so none of AgentGym's
+    may take a path to load from. The master copy comes from the engine's own model folder, whatever is asked."""
+    import inspect
+    from types import SimpleNamespace
+
+    from agentgym.policies.vllm_worker import WeightWorkerExtension
+    from safetensors.torch import save_file
+
+    for name, fn in inspect.getmembers(WeightWorkerExtension, inspect.isfunction):
+        if name.startswith("agentgym_"):
+            params = [p for p in inspect.signature(fn).parameters if p != "self"]
+            assert not any("path" in p or "dir" in p or "file" in p for p in params), (name, params)
+    own, other = tmp_path / "own", tmp_path / "other"
+    for folder, value in ((own, 1.0), (other, 2.0)):
+        folder.mkdir()
+        save_file({"w": torch.full((2,), value)}, str(folder / "model.safetensors"))
+    worker = WeightWorkerExtension()
+    worker.model_runner = SimpleNamespace(model_config=SimpleNamespace(model=str(own)))  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        worker.agentgym_init_master(str(other))  # type: ignore[call-arg]
+    assert worker.agentgym_init_master() == 1
+    assert torch.equal(worker._master()["w"], torch.full((2,), 1.0))
