@@ -1,4 +1,4 @@
-"""Reading benchmark files: :func:`read_rows` (JSON or JSON Lines rows) and :class:`LoadReport`
+"""Reading benchmark files: :func:`read_rows` (JSON or JSON Lines rows, plain or gzipped) and :class:`LoadReport`
 (what an env's task loader kept and what it left out).
 
 A loader that reads a benchmark's files may not turn every row into a task (a row it cannot
@@ -19,10 +19,12 @@ records it in ``summary.json``::
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,16 +38,19 @@ JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 MAX_LISTED = 200  # skipped items listed by name in to_dict(); the counts always cover all of them
 
 
-def read_rows(path: str | os.PathLike[str], *, source: str = "") -> list[Any]:
-    """The rows of a JSON or JSON Lines file.
+def read_rows(path: str | os.PathLike[str], *, source: str = "", keys: Sequence[str] = ()) -> list[Any]:
+    """The rows of a JSON or JSON Lines file, plain or gzip-compressed (``.gz``, named for what it holds:
+    ``tasks.jsonl.gz``).
 
     ``.jsonl``/``.ndjson``: one JSON value per non-blank line. Any other file is read as one JSON
-    document (a list is its rows; any other value is one row), or, where it is not one document, as
-    JSON Lines (datasets ship JSON Lines named ``.json``).
+    document (a list is its rows; an object holding a list under one of ``keys``, the first found, is
+    that list's rows: ``{"rows": [...]}``; any other value is one row), or, where it is not one
+    document, as JSON Lines (datasets ship JSON Lines named ``.json``).
 
     Args:
         path: The file.
         source: Who is reading (an env's name), to start error messages with.
+        keys: Keys under which a JSON document may wrap its rows (``("rows", "data")``); none by default.
 
     Raises:
         ValidationError: the file cannot be read, or a line (or the document) is not JSON; the
@@ -53,17 +58,23 @@ def read_rows(path: str | os.PathLike[str], *, source: str = "") -> list[Any]:
     """
     p = Path(path)
     where = f"{source}: " if source else ""
+    packed = p.suffix == ".gz"
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        with (gzip.open(p, "rt", encoding="utf-8") if packed else p.open(encoding="utf-8")) as f:
+            text = f.read()
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip's BadGzipFile is an OSError
         raise ValidationError(f"{where}cannot read {str(p)!r}: {e}") from e
-    if p.suffix not in JSON_LINES_SUFFIXES:
+    if Path(p.stem if packed else p.name).suffix not in JSON_LINES_SUFFIXES:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             if len([line for line in text.splitlines() if line.strip()]) <= 1:
                 raise ValidationError(f"{where}{p.name} is not JSON: {e}") from e
         else:
+            if isinstance(data, dict):
+                wrapped = next((data[k] for k in keys if isinstance(data.get(k), list)), None)
+                if wrapped is not None:
+                    return list(wrapped)
             return data if isinstance(data, list) else [data]
     rows: list[Any] = []
     for n, line in enumerate(text.splitlines(), 1):

@@ -9,7 +9,9 @@ the rollout engine reads it and never probes attributes:
 * ``sessions``: :meth:`TokenPolicy.new_session` returns a token-exact :class:`ChatSession`. The
   engine then sends the session's *whole* token sequence each turn (``prompt_token_ids``); only the
   new observation messages are tokenized, nothing is re-tokenized.
-* ``weight_updates``: ``update_weights(update, version)`` (versions strictly increase).
+* ``weight_updates``: ``update_weights(update, version)``, ``update`` a :class:`~agentgym.weights.WeightUpdate`
+  or its signed wire form (``bytes``), versions strictly increasing: the
+  :class:`~agentgym.weights.WeightReceiver` protocol.
 * ``abort``: ``abort(request_ids)`` ends in-flight requests early; they return what they generated
   so far with ``finish_reason="abort"``, so the caller can resume the partial turn.
 * ``env_side``: the policy acts through the env's public API (its expert), not through

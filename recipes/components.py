@@ -18,10 +18,10 @@ from typing import Any
 
 from agentgym.trainers.config import (
     EvalConfig,
-    GateSection,
+    GateConfig,
     ModelConfig,
     MultiConfig,
-    PilotSection,
+    PilotConfig,
     RolloutConfig,
     TrainConfig,
     flow_params,
@@ -49,7 +49,7 @@ def rollout_policy(rollout: RolloutConfig, model: ModelConfig, pid: str, path: s
                     context_length=rollout.max_total_tokens)
 
 
-def workflow(rollout: RolloutConfig, multi: MultiConfig, gate: GateSection, pilot: PilotSection,
+def workflow(rollout: RolloutConfig, multi: MultiConfig, gate: GateConfig, pilot: PilotConfig,
              policies: Mapping[str, Any]) -> Any:
     """The training workflow over ``policies`` (one group = ``rollout.group_size`` episodes of a task), with
     the Selective Rollout gate (``[gate]``) or the pilot-then-commit wrapper (``[pilot]``) when on."""
@@ -89,8 +89,8 @@ def registered_workflow(rollout: RolloutConfig, multi: MultiConfig, policies: Ma
     return workflow_factory(multi.workflow)(tables, policies)
 
 
-def service_workflows(rollout: RolloutConfig, model: ModelConfig, multi: MultiConfig, gate: GateSection,
-                      pilot: PilotSection, paths: Mapping[str, str], seed: int) -> dict[str, Any]:
+def service_workflows(rollout: RolloutConfig, model: ModelConfig, multi: MultiConfig, gate: GateConfig,
+                      pilot: PilotConfig, paths: Mapping[str, str], seed: int) -> dict[str, Any]:
     """A rollout service's workflows, over policies of its own (runs where the service runs)."""
     import_modules(rollout.imports)
     policies = {pid: rollout_policy(rollout, model, pid, path, seed) for pid, path in paths.items()}
@@ -136,6 +136,11 @@ def rollout_runtime(cfg: TrainConfig, *, tasks: Sequence[Any], policies: Sequenc
     return make_runtime(cfg.dataflow, flow_params(cfg, tuple(policies)), tasks, seed=cfg.run.seed)
 
 
+# what a held-out evaluation takes from [rollout] (its episode limits and the env's kwargs); the rest of the
+# runner's protocol comes from [eval] or is the runner's default
+EVAL_FROM_ROLLOUT = ("max_turns", "max_tokens", "max_total_tokens", "concurrency", "env_kwargs")
+
+
 async def evaluate(policy: Any, ev: EvalConfig, rollout: RolloutConfig, out: Path) -> dict[str, Any]:
     """Held-out evaluation of ``policy`` through ``agentgym.eval`` (same protocol and summary as
     ``agentgym eval``), written to ``out``. Returns success with the summary's 95% interval (a bootstrap over
@@ -143,12 +148,11 @@ async def evaluate(policy: Any, ev: EvalConfig, rollout: RolloutConfig, out: Pat
     from agentgym.eval.runner import EvalConfig as RunnerEvalConfig
     from agentgym.eval.runner import arun_eval
 
-    # the runner's protocol from the train config's [eval] and [rollout] (the lead connects one model, see report)
-    rc = RunnerEvalConfig(envs=[rollout.env], split=ev.split, tasks=ev.tasks, seeds=list(ev.seeds),
-                          max_turns=ev.max_turns or rollout.max_turns, max_tokens=ev.max_tokens or rollout.max_tokens,
-                          temperature=ev.temperature, concurrency=rollout.concurrency,
-                          env_kwargs=dict(rollout.env_kwargs), sampling_seeds=ev.sampling_seeds,
-                          max_total_tokens=rollout.max_total_tokens)
+    # the runner's protocol: the [rollout] limits, then every field [eval] shares with the runner's model
+    # (split, tasks, seeds, sampling; an unset max_turns / max_tokens keeps the rollout's)
+    shared = set(RunnerEvalConfig.model_fields)
+    rc = RunnerEvalConfig(envs=[rollout.env], **{**rollout.model_dump(include=set(EVAL_FROM_ROLLOUT)),
+                                                 **ev.model_dump(include=shared, exclude_none=True)})
     t0 = time.monotonic()
     summary = await arun_eval(policy, rc, out)
     ov = summary.get("overall", {})

@@ -7,44 +7,33 @@
   policies, the group filters' switches) and the fault-detection timings; the flow takes it beside the
   ``[dataflow]`` table, so nothing is copied field by field.
 
-Built in Python, a model that does not validate raises :class:`~agentgym.errors.ConfigurationError`
-listing every problem; nested in a TrainConfig, its problems are reported with their ``dataflow.`` keys.
+Both are :class:`~agentgym.config.ConfigModel`: built in Python, a model that does not validate raises
+:class:`~agentgym.errors.ConfigurationError` listing every problem; nested in a TrainConfig, its problems
+are reported with their ``dataflow.`` keys.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import pydantic
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from agentgym.config import ConfigModel
 from agentgym.errors import ConfigurationError
 
 __all__ = ["DataflowConfig", "FlowParams"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except pydantic.ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or type(self).__name__}: "
-                                 + ("unknown key" if err["type"] == "extra_forbidden" else
-                                    err["msg"].removeprefix("Value error, ")) for err in e.errors())
-            raise ConfigurationError(f"{type(self).__name__}: {problems}") from None
-
-
-class DataflowConfig(_Model):
+class DataflowConfig(ConfigModel):
     """Where rollouts run and how fresh the trained samples must be (the ``[dataflow]`` table).
 
     Attributes:
         runtime: ``"embedded"`` (one process, asyncio) or ``"ray"`` (DataFlow and services as Ray actors).
         max_staleness: Most weight versions a trained token may lag (0: synchronous; roll out a batch,
             train, publish, repeat).
-        services: Rollout services (each hosts its own rollout policies; the first one's, in the
-            embedded runtime, are also the eval policies).
+        services: Rollout services (each hosts its own rollout policies). Eval policies are separate
+            unless the trainer's ``[eval] share_rollout_engine`` (embedded runtime only) evaluates on
+            service 0's.
         service_capacity: Groups in flight per service (default: ``rollout.groups_per_step``).
         replay_ratio: Share of each batch replayed from already-trained groups.
         replay_size: Trained groups kept for replay.
@@ -81,7 +70,7 @@ class DataflowConfig(_Model):
     service_resources: list[dict[str, float]] = Field(default_factory=list)
 
 
-class FlowParams(_Model):
+class FlowParams(ConfigModel):
     """What a run derives for the flow from its other sections, and the fault-detection timings.
 
     Attributes:

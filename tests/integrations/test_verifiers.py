@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("verifiers", reason="verifiers runs in its own venv: make test-verifiers")
 
 import uvicorn
+from agentgym.envs.demo import expert_guess
 from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +35,7 @@ def _reply(body: dict[str, Any]) -> dict[str, Any]:
     msgs = body["messages"]
     n_calls = sum(1 for m in msgs if m["role"] == "assistant" and m.get("tool_calls"))
     if "guess" in tools:
-        lo, hi, last = 0, 63, None
-        for m in msgs:
-            if m["role"] == "assistant" and m.get("tool_calls"):
-                last = json.loads(m["tool_calls"][0]["function"]["arguments"])["n"]
-            elif m["role"] == "tool" and last is not None:
-                lo, hi = (last + 1, hi) if m["content"] == "higher" else (lo, last - 1) if m["content"] == "lower" else (lo, hi)
-        name, args = "guess", {"n": (lo + hi) // 2}
+        name, args = "guess", {"n": expert_guess(msgs)}  # Demo-v0's own expert, read from the conversation
     elif n_calls == 0:
         name, args = "execute_sql", {"query": "SELECT name FROM sqlite_master WHERE type = 'table'"}
     else:
