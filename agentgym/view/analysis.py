@@ -1,8 +1,9 @@
 """What the viewer computes from the index rows: summaries, comparisons and training curves.
 
-* :func:`breakdown`: per env and task type, success with its Wilson 95% interval, reward, turns, tokens,
-  parse errors, truncations and errors (``summary.json`` has the per-env figures with intervals over
-  seeds and pass@k; per task type it has only the success rate).
+* :func:`breakdown`: per env and task type, success with its Wilson 95% interval, pass@k where a task was
+  sampled more than once per seed, reward, turns, tokens, parse errors, truncations and errors
+  (``summary.json`` has the per-env figures with intervals over seeds and pass@k; per task type it has only
+  the success rate).
 * :func:`compare`: two or more runs on the same tasks, task by task: which tasks flipped between the
   first and the last run, and the episodes of each task paired by (seed, sample) for side-by-side reading.
 * :func:`metric_series` and :func:`heldout_curve`: a training run's ``metrics.jsonl`` as columns, and its
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym.eval.stats import wilson_interval
+from agentgym.eval.stats import pass_at_k, wilson_interval
 
 __all__ = ["breakdown", "compare", "heldout_curve", "metric_series", "success_interval"]
 
@@ -33,6 +34,31 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _pass_at_k(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Unbiased pass@k as ``summary.json`` computes it (``agentgym.eval.runner``): per seed, the mean over tasks
+    with at least k episodes, then the mean over seeds; k = 1, 2, 4, ... up to the most episodes a task has in
+    one seed, and that number itself. Empty when no task has two episodes in a seed (pass@1 is the success)."""
+    per_seed: dict[Any, dict[tuple[str, str], list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        per_seed[r["seed"]][(r["env"], r["task"])].append(bool(r["success"]))
+    most = max((len(v) for tasks in per_seed.values() for v in tasks.values()), default=0)
+    if most < 2:
+        return {}
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= most]
+    if most not in ks:
+        ks.append(most)
+    out: dict[str, float] = {}
+    for k in ks:
+        vals = []
+        for tasks in per_seed.values():
+            scores = [pass_at_k(len(v), sum(v), k) for v in tasks.values() if len(v) >= k]
+            if scores:
+                vals.append(sum(scores) / len(scores))
+        if vals:
+            out[f"pass@{k}"] = sum(vals) / len(vals)
+    return out
+
+
 def _block(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     n = len(rows)
     succ = sum(1 for r in rows if r["success"])
@@ -43,6 +69,7 @@ def _block(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "successes": succ,
         "success": succ / n if n else None,
         "wilson95": wilson_interval(succ, n),
+        "pass_at_k": _pass_at_k(rows),
         "reward_mean": _mean([r["reward"] for r in rows if r["reward"] is not None]),
         "turns_mean": turns / n if n else None,
         "gen_tokens_mean": _mean([r["gen_tokens"] for r in rows if r["gen_tokens"] is not None]),

@@ -13,6 +13,9 @@ content. Paths:
   loaded when one of them is opened or searched;
 * ``run/<id>/gchunk/<k>``: rollout groups the same way;
 * ``compare/<id>,<id>[,...]``: a task-by-task comparison of eval runs (:func:`~agentgym.view.analysis.compare`).
+
+An export writes the comparisons the page links to (:meth:`Site.linked_comparisons`): the suggested ones, and
+each training run's first eval stage against every later stage (the training page's "compare with" links).
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ class Site:
         return self.run_document(rid)
 
     def document_paths(self) -> list[str]:
-        """Every document, for a static export."""
+        """Every document, for a static export: the comparisons are the :meth:`linked_comparisons`."""
         out = ["index"]
         for run in self.runs:
             out.append(f"run/{run.id}")
@@ -150,7 +153,23 @@ class Site:
             if run.kind == "train":
                 n = len(self.groups(run.id))
                 out += [f"run/{run.id}/gchunk/{k}" for k in range(math.ceil(n / self.chunk_size))]
-        out += ["compare/" + ",".join(map(str, ids)) for ids in self.suggested_comparisons()]
+        out += ["compare/" + ",".join(map(str, ids)) for ids in self.linked_comparisons()]
+        return out
+
+    def linked_comparisons(self) -> list[list[int]]:
+        """Every comparison a page links to: the :meth:`suggested_comparisons` (the sidebar and the overview),
+        then, per training run, its first eval stage against each later stage (the held-out table's "compare
+        with" links, one per stage after the first; not capped by ``MAX_COMPARISONS``)."""
+        out = self.suggested_comparisons()
+        seen = {tuple(ids) for ids in out}
+        for run in self.runs:
+            if run.kind != "train" or len(run.children) < 2:
+                continue
+            first = run.children[0]
+            for c in run.children[1:]:
+                if (first, c) not in seen:
+                    seen.add((first, c))
+                    out.append([first, c])
         return out
 
     def _summary(self, run: RunSource) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from view_runs import XSS
+from view_runs import XSS, bisect, make_eval
 
 from agentgym.view import Site, ViewServer, export_site
 
@@ -174,6 +174,17 @@ def test_filters_and_search_narrow_the_episode_list(driver: Any, server: ViewSer
     assert got == want
 
 
+def test_breakdown_shows_pass_at_k_when_tasks_were_sampled_more_than_once(driver: Any, tmp_path: Path) -> None:
+    run = make_eval(tmp_path / "k2", bisect(lambda lo, hi: lo > 35), seeds=[0], samples=2)
+    with ViewServer(Site([run])) as srv:
+        open_page(driver, srv.url + "#/run/0")
+        cells = wait_css(driver, "td[data-passk]")
+        no_errors_shown(driver)
+        heads = [e.text for e in css(driver, "th")]
+        assert "pass@k" in heads
+        assert [c.text.split("\n") for c in cells] == [["@1 66.7%", "@2 66.7%"]]  # 4 of 6 tasks, both samples alike
+
+
 def test_comparison_lists_flipped_tasks_and_shows_both_transcripts(driver: Any, server: ViewServer) -> None:
     open_page(driver, server.url + "#/compare/0,1")
     rows = wait_css(driver, "tr[data-task]", 3)
@@ -232,3 +243,11 @@ def test_export_opens_from_the_file_system_with_the_same_content(driver: Any, se
         no_errors_shown(driver)
         assert main_text(driver) == served, route
     assert driver.execute_script("return window.__agv_pwned === undefined")
+    # the training page's "compare with before" links (one per later stage) open in the export too
+    open_page(driver, index.as_uri() + "#/run/3")
+    links = [a.get_attribute("href") for a in wait_css(driver, "tr[data-stage] a[href*='#/compare/']", 2)]
+    assert [x.split("#")[1] for x in links] == ["/compare/4,5", "/compare/4,6"]
+    for href in links:
+        open_page(driver, href)
+        wait(driver, lambda d: css(d, "tr[data-task]") or css(d, "#main .errbox"), "the comparison " + href)
+        no_errors_shown(driver)

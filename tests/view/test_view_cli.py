@@ -7,13 +7,16 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from view_runs import compare_links
 
 from agentgym.errors import ConfigurationError
 from agentgym.view import Site, export_site
@@ -23,9 +26,9 @@ pytestmark = pytest.mark.slow  # subprocesses and a server
 AGENTGYM = [sys.executable, "-m", "agentgym"]
 
 
-def read_export(out: Path) -> dict[str, object]:
+def read_export(out: Path) -> dict[str, Any]:
     """Every data file of an export, parsed back: ``AGV.put(path, doc);``."""
-    docs: dict[str, object] = {}
+    docs: dict[str, Any] = {}
     for f in sorted((out / "data").rglob("*.js")):
         text = f.read_text(encoding="utf-8")
         assert text.startswith("AGV.put(") and text.endswith(");\n")
@@ -38,7 +41,10 @@ def read_export(out: Path) -> dict[str, object]:
 
 
 def test_export_writes_every_document_as_the_server_sends_it(runs: dict[str, Path], tmp_path: Path) -> None:
-    site = Site([runs["before"], runs["after"], runs["train"]], chunk_size=5)
+    train = tmp_path / "train"  # a training run with two middle stages: before, step-3, step-5, after
+    shutil.copytree(runs["train"], train)
+    shutil.copytree(runs["before"], train / "eval" / "step-000005")
+    site = Site([runs["before"], runs["after"], train], chunk_size=5)
     index = export_site(site, tmp_path / "out")
     assert index == tmp_path / "out" / "index.html"
     html = index.read_text()
@@ -48,6 +54,11 @@ def test_export_writes_every_document_as_the_server_sends_it(runs: dict[str, Pat
     assert sorted(docs) == sorted(site.document_paths())
     for path, doc in docs.items():
         assert doc == json.loads(json.dumps(site.document(path))), path
+    # every comparison a page links to is in the export, the training page's "compare with before" of each stage too
+    assert [p["stage"] for p in docs["run/2"]["heldout"]] == ["before", "step-000003", "step-000005", "after"]
+    links = compare_links(docs)
+    assert {"compare/3,4", "compare/3,5", "compare/3,6"} <= links
+    assert sorted(links - set(docs)) == []
     # an earlier export is replaced; a folder holding anything else is refused
     export_site(Site([runs["before"]]), tmp_path / "out")
     assert sorted(read_export(tmp_path / "out")) == ["index", "run/0", "run/0/chunk/0"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from view_runs import ENV, trajectory
+from view_runs import ENV, bisect, compare_links, trajectory
 
 from agentgym.errors import ConfigurationError, DocumentNotFound
 from agentgym.rollout.jsonl import append_jsonl, dumps_trajectory
@@ -114,6 +117,99 @@ def test_episode_row_and_view_of_a_trajectory() -> None:
     assert "completion_token_ids" not in json.dumps(view) and "actions" not in view["info"]
 
 
+APP_JS = Path(__file__).resolve().parents[2] / "agentgym" / "view" / "static" / "app.js"
+
+
+def _filter_episodes(path: Path) -> None:
+    """Episodes that differ in every field the episode filters read (env, type, task, seed, outcome, truncation,
+    error, parse errors), written as JSONL the way the runners write them, plus two hand-made records."""
+    trunc = trajectory("guess-11", seed=1, success=False)
+    trunc.truncated, trunc.truncated_reason, trunc.terminated = True, "max_turns", False
+    err = trajectory("guess-21", seed=0, success=False)
+    err.error, err.error_source = "env crashed: boom", "env"
+    other = trajectory("lookup-3", seed=1, env="agentgym/Other-v0")
+    other.info["task_type"] = "lookup"
+    append_jsonl(path, [trajectory("guess-1", seed=0), trunc, err,
+                        trajectory("guess-43", seed=1, success=False, parse_error="not valid JSON"), other])
+    # parse errors counted from the turns where metrics lack the count; no seed, no type; not-quite-true flags
+    turns_perr = json.loads(dumps_trajectory(trajectory("guess-53", seed=0)))
+    del turns_perr["metrics"]["parse_errors"]
+    turns_perr["turns"] = [dict(turns_perr["turns"][0], parse_error="bad"), dict(turns_perr["turns"][0], parse_error="worse")]
+    odd = {"task_id": "sft-7", "env_id": ENV, "success": "yes", "truncated": 1, "error": "", "turns": [],
+           "info": {"seed": "zero"}}
+    with open(path, "a") as f:
+        f.write(json.dumps(turns_perr) + "\n" + json.dumps(odd) + "\n")
+
+
+FILTER_FIELDS = {  # per episode of _filter_episodes: what the filters see
+    "env": [ENV, ENV, ENV, ENV, "agentgym/Other-v0", ENV, ENV],
+    "type": ["guess", "guess", "guess", "guess", "lookup", "guess", "default"],
+    "task": ["guess-1", "guess-11", "guess-21", "guess-43", "lookup-3", "guess-53", "sft-7"],
+    "seed": [0, 1, 0, 1, 1, 0, None],
+    "success": [True, False, False, False, True, True, False],
+    "truncated": [False, True, False, False, False, False, False],
+    "reason": [None, "max_turns", None, None, None, None, None],
+    "error": [None, None, "env crashed: boom", None, None, None, ""],
+    "error_source": [None, None, "env", None, None, None, None],
+    "parse_errors": [0, 0, 0, 1, 0, 2, 0],
+}
+
+
+def test_episode_table_holds_what_the_filters_read(tmp_path: Path) -> None:
+    """The episode filters run in the page (app.js ``rowMatches``) over the run document's table; here, without a
+    browser: every field ``rowMatches`` reads is a column of the table, right for every episode."""
+    _filter_episodes(tmp_path / "eps.jsonl")
+    site = Site([tmp_path / "eps.jsonl"])
+    doc = site.document("run/0")
+    table = doc["table"]
+    assert doc["episodes"] == 7 and table["id"] == list(range(7))
+    for key, want in FILTER_FIELDS.items():
+        assert table[key] == want, key
+    js = APP_JS.read_text(encoding="utf-8")
+    body = re.search(r"function rowMatches\(r, f\) \{(.*?)\n  \}", js, re.S)
+    assert body is not None
+    read = set(re.findall(r"\br\.(\w+)", body.group(1)))
+    assert read == {"env", "type", "task", "seed", "success", "truncated", "error", "parse_errors"}
+    assert read <= set(table) and read <= set(FILTER_FIELDS)
+    # the breakdown counts the same fields
+    blocks = {(b["env"], b["type"]): b for b in doc["breakdown"]}
+    mine = blocks[(ENV, None)]
+    assert (mine["episodes"], mine["successes"], mine["truncated"], mine["errors"], mine["parse_errors"]) == (6, 2, 1, 1, 3)
+
+
+NODE = shutil.which("node") or shutil.which("nodejs")
+
+
+@pytest.mark.skipif(NODE is None, reason="Node.js is not installed: the page's filter functions are run in a browser test")
+def test_page_filter_functions_over_the_table_without_a_browser(tmp_path: Path) -> None:
+    """app.js's own ``AGV.filters`` (loaded in Node with a stub document) over the table of _filter_episodes."""
+    _filter_episodes(tmp_path / "eps.jsonl")
+    table = Site([tmp_path / "eps.jsonl"]).document("run/0")["table"]
+    specs: list[dict[str, Any]] = [
+        {}, {"env": ENV}, {"type": "lookup"}, {"task": "GUESS-5"}, {"seed": "1"}, {"seed": "0", "success": "no"},
+        {"success": "yes"}, {"truncated": "yes"}, {"truncated": "no", "error": "no"}, {"error": "yes"},
+        {"parse_errors": "yes"}, {"parse_errors": "no", "success": "no"}, {"seed": ""}]
+    want = [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 5, 6], [4], [5], [1, 3, 4], [2], [0, 4, 5], [1], [0, 3, 4, 5, 6],
+            [2], [3, 5], [1, 2, 6], [0, 1, 2, 3, 4, 5, 6]]
+    script = tmp_path / "run.js"
+    script.write_text("""
+        const vm = require("vm"), fs = require("fs");
+        const [app, data] = process.argv.slice(2).map((p) => fs.readFileSync(p, "utf8"));
+        const window = {};
+        const document = { querySelector: () => null, readyState: "loading", addEventListener: () => {} };
+        vm.runInNewContext(app, { window, document });
+        const { table, specs } = JSON.parse(data);
+        const rows = window.AGV.filters.rowsOf(table);
+        console.log(JSON.stringify(specs.map((f) => rows.filter((r) => window.AGV.filters.rowMatches(r, f)).map((r) => r.id))));
+    """)
+    (tmp_path / "data.json").write_text(json.dumps({"table": table, "specs": specs}))
+    assert NODE is not None
+    p = subprocess.run([NODE, str(script), str(APP_JS), str(tmp_path / "data.json")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == want
+
+
 def test_the_fast_head_decoder_gives_the_rows_of_whole_records(runs: dict[str, Path]) -> None:
     t = trajectory("nan-task")
     t.reward = float("nan")  # written as NaN, which the typed decoder refuses: read whole instead
@@ -208,6 +304,44 @@ def test_breakdown_per_env_and_task_type() -> None:
     assert a["success"] == 0.5 and a["wilson95"][0] < 0.5 < a["wilson95"][1]
 
 
+def test_breakdown_pass_at_k_per_task_type() -> None:
+    # seed 0: t1 1 of 2, t2 0 of 2; seed 1: t1 0 of 2, t2 2 of 2 (type a); u1 of type b solved once in 2
+    rows = [_row("t1", True), _row("t1", False, sample=1), _row("t2", False), _row("t2", False, sample=1),
+            _row("t1", False, seed=1), _row("t1", False, seed=1, sample=1), _row("t2", True, seed=1),
+            _row("t2", True, seed=1, sample=1), _row("u1", False, type="b"), _row("u1", True, type="b", sample=1)]
+    by = {b["type"]: b for b in breakdown(rows)}
+    assert by["a"]["pass_at_k"] == {"pass@1": pytest.approx(0.375), "pass@2": pytest.approx(0.5)}
+    assert by["b"]["pass_at_k"] == {"pass@1": pytest.approx(0.5), "pass@2": pytest.approx(1.0)}
+    assert by[None]["pass_at_k"]["pass@2"] == pytest.approx((0.5 + 2 / 3) / 2)  # seed 1 has no type-b task
+    assert breakdown([_row("t1", True), _row("t1", False, seed=1)])[0]["pass_at_k"] == {}  # one episode per seed
+
+
+def test_breakdown_pass_at_k_agrees_with_the_eval_summary(tmp_path: Path) -> None:
+    """Over one env's episodes the breakdown's pass@k is the summary's (agentgym.eval.runner), k for k."""
+    import itertools
+
+    from agentgym.policies.scripted import ScriptedPolicy
+
+    from agentgym.eval.runner import EvalConfig, run_eval
+
+    calls = itertools.count()
+    solve = bisect(lambda lo, hi: False)
+
+    def flaky(messages: list[Any]) -> str:  # gives up at the start of every third episode
+        if not any(m["role"] == "assistant" for m in messages) and next(calls) % 3 == 0:
+            return '<tool_call>{"name": "give_up", "arguments": {}}</tool_call>'
+        return str(solve(messages))
+
+    run_eval(ScriptedPolicy(flaky), EvalConfig([ENV], split="test", tasks=4, seeds=[0, 1], samples=3, concurrency=1),
+             tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["envs"][ENV]["pass_at_k"]
+    env = Site([tmp_path / "run"]).document("run/0")["breakdown"][0]
+    assert sorted(env["pass_at_k"]) == sorted(summary) == ["pass@1", "pass@2", "pass@3"]
+    for k, v in summary.items():
+        assert env["pass_at_k"][k] == pytest.approx(v["mean"])
+    assert env["pass_at_k"]["pass@1"] < env["pass_at_k"]["pass@3"]
+
+
 def test_compare_flips_pairs_and_totals() -> None:
     before = [_row("t1", False, id=0), _row("t1", False, seed=1, id=1), _row("t2", True, id=2), _row("t3", True, id=3),
               _row("t4", True, id=4), _row("only-before", True, id=5)]
@@ -263,6 +397,9 @@ def test_site_documents(runs: dict[str, Path]) -> None:
     paths = site.document_paths()
     assert "run/0/chunk/2" in paths and "run/0/chunk/3" not in paths and "run/3/gchunk/1" in paths
     assert "compare/0,1" in paths
+    # the training page links every later stage to the first ("compare with before"): all are exported
+    assert "compare/4,5" in paths and "compare/4,6" in paths and "compare/0,5" not in paths
+    assert compare_links({p: site.document(p) for p in paths if re.fullmatch(r"index|run/\d+", p)}) <= set(paths)
     for bad in ("run/0/chunk/3", "run/99", "run/3/chunk/0", "run/0/gchunk/0", "../etc/passwd", "compare/0,0", "run/x"):
         with pytest.raises(DocumentNotFound):
             site.document(bad)

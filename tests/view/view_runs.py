@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from agentgym.envs.demo import expert_bounds, expert_reply
 from agentgym.policies.scripted import ScriptedPolicy
 
 from agentgym.eval.runner import EvalConfig, run_eval
@@ -27,33 +27,19 @@ from agentgym.types import Message, Trajectory, TrajectoryGroup, Turn
 ENV = "agentgym/Demo-v0"
 TASKS = 6  # guess-1, guess-11, guess-21, guess-33, guess-43, guess-53
 XSS = '<script>window.__agv_pwned = 1</script><img src=x onerror="window.__agv_pwned = 2"><b>bold</b>'
-_GUESS = re.compile(r'"n":\s*(-?\d+)')
 
 
 def _call(n: int) -> str:
     return '<tool_call>{"name": "guess", "arguments": {"n": %d}}</tool_call>' % n
 
 
-def _bounds(messages: list[Message]) -> tuple[int, int]:
-    lo, hi, last = 0, 63, None
-    for m in messages:
-        if m["role"] == "assistant":
-            g = _GUESS.search(m["content"])
-            last = int(g.group(1)) if g else None
-        elif m["role"] == "tool" and last is not None:
-            if m["content"] == "higher":
-                lo = last + 1
-            elif m["content"] == "lower":
-                hi = last - 1
-    return lo, hi
-
-
 def bisect(give_up_if: Any) -> Any:
+    """Demo-v0's expert (:func:`~agentgym.envs.demo.expert_reply`), giving up once ``give_up_if(lo, hi)``
+    holds for the bounds the conversation has narrowed the secret to."""
     def act(messages: list[Message]) -> str:
-        lo, hi = _bounds(messages)
-        if give_up_if(lo, hi):
+        if give_up_if(*expert_bounds(messages)):
             return '<tool_call>{"name": "give_up", "arguments": {}}</tool_call>'
-        return _call((lo + hi) // 2)
+        return expert_reply(messages)
     return act
 
 
@@ -66,8 +52,8 @@ def xss_policy(messages: list[Message]) -> str:
     return bisect(lambda lo, hi: False)(messages)
 
 
-def make_eval(out: Path, fn: Any, seeds: list[int] | None = None) -> Path:
-    cfg = EvalConfig([ENV], split="test", tasks=TASKS, seeds=seeds or [0, 1], concurrency=4)
+def make_eval(out: Path, fn: Any, seeds: list[int] | None = None, samples: int = 1) -> Path:
+    cfg = EvalConfig([ENV], split="test", tasks=TASKS, seeds=seeds or [0, 1], samples=samples, concurrency=4)
     run_eval(ScriptedPolicy(fn), cfg, out)
     return out
 
@@ -138,3 +124,14 @@ def trajectory(task: str = "t1", *, seed: int = 0, sample: int = 0, success: boo
                       reward=1.0 if success else 0.0, success=success, terminated=True,
                       metrics={"parse_errors": int(parse_error is not None), "generated_tokens": 2, "prompt_tokens": 3},
                       timing={"wall_s": 0.6}, info={"eval_key": key, "seed": seed, "sample": sample, "task_type": "guess"})
+
+
+def compare_links(docs: dict[str, Any]) -> set[str]:
+    """The ``compare/...`` documents the pages of ``docs`` (the index and run documents) link to, as app.js builds
+    the links: the index's comparisons (sidebar, overview) and, on a training run's page, its first held-out stage
+    against each later one ("compare with before"). A comparison page links only to itself."""
+    out = {"compare/" + ",".join(map(str, ids)) for ids in docs["index"]["comparisons"]}
+    for doc in docs.values():
+        held = doc.get("heldout") or []
+        out |= {f"compare/{held[0]['run']},{p['run']}" for p in held[1:]}
+    return out

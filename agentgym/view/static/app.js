@@ -353,12 +353,19 @@
   }
 
   function breakdownTable(blocks) {
+    var ks = {};
+    blocks.forEach(function (b) { Object.keys(b.pass_at_k || {}).forEach(function (k) { ks[k] = 1; }); });
+    var passKeys = Object.keys(ks).sort(function (a, b) { return +a.replace("pass@", "") - +b.replace("pass@", ""); });
     var rows = blocks.map(function (b) {
       return h("tr", null,
         h("td", null, b.type === null ? h("b", null, short(b.env)) : ""),
         h("td", null, b.type === null ? h("span", { class: "muted" }, "all types") : b.type),
         h("td", { class: "num" }, num(b.episodes)),
         h("td", { class: "num" }, successCell(b.success, b.wilson95, "Wilson 95% interval")),
+        passKeys.length ? h("td", { class: "num", "data-passk": "" }, passKeys.map(function (k) {
+          var v = (b.pass_at_k || {})[k];
+          return h("div", null, k.replace("pass@", "@") + " " + (isNum(v) ? pct(v) : "–"));
+        })) : null,
         h("td", { class: "num" }, num(b.reward_mean)),
         h("td", { class: "num" }, num(b.turns_mean)),
         h("td", { class: "num" }, num(b.gen_tokens_mean, 0) + " / " + num(b.prompt_tokens_mean, 0)),
@@ -366,9 +373,11 @@
         h("td", { class: "num" }, num(b.truncated)),
         h("td", { class: "num" }, num(b.errors)));
     });
-    return table(["env", "task type", { label: "episodes", num: 1 }, { label: "success [Wilson 95%]", num: 1 }, { label: "reward", num: 1 },
+    return table(["env", "task type", { label: "episodes", num: 1 }, { label: "success [Wilson 95%]", num: 1 }]
+      .concat(passKeys.length ? [{ label: "pass@k", num: 1, title: "unbiased pass@k: per seed the mean over tasks, then the mean over seeds" }] : [])
+      .concat([{ label: "reward", num: 1 },
       { label: "turns", num: 1 }, { label: "tokens gen / prompt", num: 1 }, { label: "parse errors", num: 1 },
-      { label: "truncated", num: 1 }, { label: "errors", num: 1 }], rows);
+      { label: "truncated", num: 1 }, { label: "errors", num: 1 }]), rows);
   }
 
   var SORTS = {
