@@ -16,7 +16,7 @@ AGL_PYTHON ?= $(shell for p in python3.12 python3.13 $(HOME)/.pyenv/versions/3.1
   $$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { command -v $$p; break; }; done)
 AGL_VENV   ?= .venv-agl
 
-.PHONY: help quickstart test test-fast test-verifiers lint apt venv agl-venv model bench bench-full bench-smoke dockerd-start dockerd-stop clean
+.PHONY: help quickstart test test-fast test-verifiers lint apt venv agl-venv vf-venv model bench bench-full bench-smoke dockerd-start dockerd-stop clean
 
 help:
 	@echo "make quickstart  set everything up, prepare SmolLM2, run the main job (eval + a short training run)"
@@ -68,7 +68,7 @@ dockerd-start:
 dockerd-stop:
 	@bash scripts/dockerd-stop.sh
 
-test: apt venv agl-venv lint
+test: apt venv agl-venv vf-venv lint
 	@bash scripts/dockerd-start.sh || echo "dockerd did not start: docker tests will be skipped"
 	@set -o pipefail; status=0; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS) || status=$$?; \
@@ -85,6 +85,9 @@ $(VF_STAMP):
 	$(VF_VENV)/bin/python -m pip install -q -e ".[verifiers]" -e integrations/verifiers-agentgym \
 	    pytest pytest-asyncio pytest-timeout && touch $@ || \
 	echo "SKIPPED the verifiers tests: $(VF_VENV) could not be built from the registry (see pip's output above)"
+
+# built before the main suite too: tests/harness/test_verifiers_harness.py runs a verifiers agent from it
+vf-venv: $(VF_STAMP)
 
 test-verifiers: $(VF_STAMP)
 	@if [ -f $(VF_STAMP) ]; then \
