@@ -1,4 +1,4 @@
-"""The harness with the real SmolLM2 behind it (HF, on CPU): the ids recorded per rollout are the model's own,
+"""The harness with the real SmolLM2 behind it (HF and vLLM, on CPU): the ids recorded per rollout are the model's own,
 with no re-tokenization, for a plain ``openai`` agent and for an OpenAI Agents SDK agent on an AgentGym env.
 
 The policy is wrapped to log every prompt it received and every generation it returned; each recorded
@@ -57,6 +57,19 @@ def smollm2() -> Iterator[Recording]:
     asyncio.run(policy.aclose())
 
 
+@pytest.fixture(scope="module")
+def smollm2_vllm() -> Iterator[Recording]:
+    pytest.importorskip("vllm")
+    from agentgym.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy("smollm2-135m-instruct", policy_id="smollm2-vllm", kv_cache_gib=1, max_model_len=2048,
+                        max_num_seqs=8, startup_timeout_s=600)
+    try:
+        yield Recording(policy)
+    finally:
+        policy.shutdown()
+
+
 async def run(policy: Any, agent: Any, tasks: list[str], g: int = 2) -> list[Any]:
     wf = HarnessWorkflow(policy, CallableAgent(agent), g, sampling=SamplingParams(temperature=1.0, max_tokens=48),
                          limits=RolloutLimits(max_turns=3), timeout_s=900)
@@ -103,3 +116,12 @@ async def test_an_agents_sdk_agent_runs_an_env_episode(smollm2: Recording) -> No
     print("Agents SDK over SmolLM2:", totals)
     assert totals["requests"] == len(smollm2.log)
     assert all(t.messages[0]["role"] in ("system", "user") for t in trajs)
+
+
+async def test_the_endpoint_serves_a_vllm_policy_with_the_models_own_ids(smollm2_vllm: Recording) -> None:
+    """The same agent and checks over vLLM: the endpoint is the same for every rollout policy."""
+    smollm2_vllm.log.clear()
+    trajs = await run(smollm2_vllm, harness_agents.tool_agent, ["guess-1", "guess-3"])
+    totals = check_model_ids(trajs, smollm2_vllm)
+    print("openai agent over SmolLM2 through vLLM:", totals)
+    assert totals["requests"] == len(smollm2_vllm.log) > 0
