@@ -117,7 +117,7 @@ BENCH_ROWS := \
 	benchmarks/bench_rollout.py \
 	"benchmarks/bench_weight_sync.py --steps 3 --rounds 3" \
 	"benchmarks/bench_dataflow.py --sections elastic" \
-	benchmarks/bench_trainer.py \
+	"benchmarks/bench_trainer.py --steps 10 --threads 1" \
 	benchmarks/bench_env_service.py
 # The learning experiments and long dataflow runs (hours each; `make quickstart` first: the strategies
 # experiment starts from its SFT model). Each writes per-episode files that `benchmarks/recompute.py` reads.
@@ -135,7 +135,8 @@ SMOKE := /tmp/agentgym-bench-smoke
 bench: venv
 	@for b in $(BENCH_ROWS); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-bench-full: venv
+bench-full: venv model
+	@test -d runs/quickstart/train/final || $(MAKE) --no-print-directory quickstart  # the strategies and dataflow runs start from its SFT model
 	@for b in $(BENCH_FULL); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 	$(BIN)/python benchmarks/recompute.py --check
 
