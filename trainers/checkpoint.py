@@ -17,6 +17,13 @@ objects (tampered with, or written by an older AgentGym that pickled NumPy state
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash mid-write leaves
 the previous checkpoint intact; older ones beyond ``keep`` are deleted.
+
+**Sharded runs** (``trainer.strategy = "fsdp2"``, ``ranks`` given) write ``<policy>.dcp/`` instead of the
+weights file: model and optimizer state through ``torch.distributed.checkpoint``, each rank its own shards,
+under the unsharded parameter names (:func:`~agentgym.trainers.distributed.save_sharded`); ``<policy>.trainer.pt``
+then holds the trainer's counters only, and rank 0 writes the rest. Such a checkpoint resumes on any world size,
+one process included (its metadata is read through an allowlist, so nothing in it is executed either). The
+ranks share one file system (one machine under ``torchrun``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import torch
 
 from agentgym.errors import ConfigurationError
 
+from .distributed import Ranks, load_full, load_sharded, save_sharded
 from .trainer import PolicyTrainer
 
 __all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
@@ -47,9 +55,13 @@ def _safe(pid: str) -> str:
 
 
 def save_checkpoint(out_dir: str | Path, step: int, trainers: dict[str, PolicyTrainer], state: dict[str, Any],
-                    keep: int = 2) -> Path:
-    """Write a checkpoint for ``step`` (atomically) and prune old ones. Returns its folder."""
+                    keep: int = 2, ranks: Ranks | None = None) -> Path:
+    """Write a checkpoint for ``step`` (atomically) and prune old ones. Returns its folder. With ``ranks``
+    (sharded training) every rank calls it and writes its shards."""
     from safetensors.torch import save_file
+
+    if ranks is not None:
+        return _save_sharded_checkpoint(Path(out_dir), step, trainers, state, keep, ranks)
 
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -74,6 +86,39 @@ def save_checkpoint(out_dir: str | Path, step: int, trainers: dict[str, PolicyTr
     return final
 
 
+def _save_sharded_checkpoint(out_dir: Path, step: int, trainers: dict[str, PolicyTrainer], state: dict[str, Any],
+                             keep: int, ranks: Ranks) -> Path:
+    root = out_dir / "checkpoints"
+    tmp = root / f".tmp-{_PREFIX}{step:06d}"  # one name every rank knows
+    final = root / f"{_PREFIX}{step:06d}"
+    if ranks.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ranks.barrier()
+    try:
+        for pid, tr in trainers.items():
+            save_sharded(tmp / f"{_safe(pid)}.dcp", tr.model, tr.optimizer)
+        if ranks.is_main:
+            for pid, tr in trainers.items():
+                torch.save(tr.counters(), tmp / f"{_safe(pid)}.trainer.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            (tmp / "state.json").write_text(json.dumps({**state, "step": step, "world_size": ranks.world}, indent=2,
+                                                       default=str))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            done = sorted(p for p in root.iterdir() if p.name.startswith(_PREFIX) and p.is_dir())
+            for old in done[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if ranks.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    ranks.barrier()
+    return final
+
+
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     """The newest complete checkpoint under ``out_dir/checkpoints`` (``None`` if there is none)."""
     root = Path(out_dir) / "checkpoints"
@@ -91,14 +136,28 @@ def load_checkpoint(path: str | Path, trainers: dict[str, PolicyTrainer], restor
     if not (p / "state.json").is_file():
         raise ConfigurationError(f"{p} is not a checkpoint (no state.json)")
     for pid, tr in trainers.items():
+        if (p / f"{_safe(pid)}.dcp").is_dir():  # sharded: any world size reads it
+            load_sharded(p / f"{_safe(pid)}.dcp", tr.model, tr.optimizer)
+            tf = p / f"{_safe(pid)}.trainer.pt"
+            try:
+                tr.load_counters(_load_data(tf))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ConfigurationError(f"{tf} is not a trainer state this version can resume ({type(e).__name__}: "
+                                         f"{e}); start afresh with run.resume = false") from None
+            continue
         wf = p / f"{_safe(pid)}.weights.safetensors"
         if not wf.is_file():
             raise ConfigurationError(f"checkpoint {p} has no weights for policy {pid!r}")
-        tr.load_weights(load_file(str(wf)))
+        if tr.ranks is None:
+            tr.load_weights(load_file(str(wf)))
         tf = p / f"{_safe(pid)}.trainer.pt"
         state = _load_data(tf)
         try:
-            tr.load_state_dict(state)
+            if tr.ranks is None:
+                tr.load_state_dict(state)
+            else:  # a one-process checkpoint into shards (1 -> N ranks)
+                load_full(tr.model, tr.optimizer, [n for n, _ in tr.params], load_file(str(wf)), state["optimizer"])
+                tr.load_counters(state)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigurationError(f"{tf} is not a trainer state this version can resume ({type(e).__name__}: {e}); "
                                      "start afresh with run.resume = false") from None

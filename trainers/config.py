@@ -9,6 +9,8 @@ A config file has one table per concern::
     [loss]       clip low/high, aggregation, KL to a reference, truncated importance sampling
     [filter]     DAPO dynamic sampling, overlong penalty, truncated/early-stopped masking
     [optim]      lr, schedule, micro-batch token budget, gradient accumulation, NaN tolerance
+    [trainer]    strategy ("single" | "fsdp2": sharded over torch.distributed ranks), FSDP mixed precision,
+                 activation checkpointing, CPU offload
     [data]       SFT transcripts (``algorithm = "sft"``)
     [eval]       held-out evaluation before and after training
     [log]        JSONL (always), TensorBoard, rich progress, PNG curves
@@ -33,10 +35,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import pydantic
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from agentgym.config import ConfigModel
 from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.errors import ConfigurationError
 
@@ -46,27 +48,26 @@ __all__ = [
     "DataflowConfig",
     "EvalConfig",
     "FilterConfig",
+    "GateConfig",
     "GateSection",
     "LogConfig",
     "LossConfig",
     "ModelConfig",
     "MultiConfig",
     "OptimConfig",
+    "PilotConfig",
     "PilotSection",
     "RolloutConfig",
     "RunConfig",
     "TrainConfig",
+    "TrainerConfig",
     "apply_overrides",
     "flow_params",
     "load_train_config",
 ]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class RunConfig(_Section):
+class RunConfig(ConfigModel):
     """What to run and where it goes.
 
     Attributes:
@@ -97,7 +98,7 @@ class RunConfig(_Section):
     time_budget_s: float | None = Field(default=None, gt=0)
 
 
-class ModelConfig(_Section):
+class ModelConfig(ConfigModel):
     """The trained model.
 
     Attributes:
@@ -124,7 +125,7 @@ class ModelConfig(_Section):
     gradient_checkpointing: bool = False
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(ConfigModel):
     """How trajectories are produced for ``algorithm = "grpo"``.
 
     Attributes:
@@ -159,14 +160,14 @@ class RolloutConfig(_Section):
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-class AdvantageConfig(_Section):
+class AdvantageConfig(ConfigModel):
     """Group-relative advantages: ``grpo`` (mean/std), ``dr_grpo`` (mean only), ``rloo`` (leave-one-out)."""
 
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     eps: float = Field(default=1e-6, gt=0)
 
 
-class LossConfig(_Section):
+class LossConfig(ConfigModel):
     """PPO-clip policy loss (see :mod:`agentgym.trainers.losses`).
 
     Attributes:
@@ -191,7 +192,7 @@ class LossConfig(_Section):
     mini_batches: int = Field(default=1, ge=1)
 
 
-class FilterConfig(_Section):
+class FilterConfig(ConfigModel):
     """Which samples reach the loss.
 
     Attributes:
@@ -215,7 +216,7 @@ class FilterConfig(_Section):
     overlong_penalty: float = Field(default=1.0, ge=0)
 
 
-class OptimConfig(_Section):
+class OptimConfig(ConfigModel):
     """AdamW, a linear warmup then constant or cosine schedule, gradient clipping and batching.
 
     The schedule spans the run's true number of optimizer steps: ``run.steps x loss.epochs x
@@ -251,7 +252,45 @@ class OptimConfig(_Section):
     pack_len: int = Field(default=1024, ge=16)
 
 
-class DataConfig(_Section):
+class TrainerConfig(ConfigModel):
+    """How the trainer runs: one process, or sharded over ``torch.distributed`` ranks with FSDP2.
+
+    ``"fsdp2"`` shards parameters, gradients and optimizer state over the ranks of the process group that
+    ``torchrun`` (or another launcher setting ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR``) starts: gloo on
+    CPU, nccl on CUDA (rank ``r`` on ``cuda:LOCAL_RANK``). Each rank trains on its share of every batch and
+    the loss normalisers are summed over the ranks, so N ranks take the step one process takes on the whole
+    batch (see :mod:`agentgym.trainers.distributed`). A config that runs on one process runs sharded by
+    changing this table and the launch only.
+
+    Attributes:
+        strategy: ``"single"`` (one process, ``[model] device``) or ``"fsdp2"``.
+        mixed_precision: FSDP2 only: compute dtype of the sharded model through FSDP's
+            ``MixedPrecisionPolicy`` (the fp32 master weights and optimizer state stay in ``model.dtype``;
+            gradients are reduced in fp32). The single-process equivalent is ``model.autocast``.
+        activation_checkpointing: FSDP2 only: recompute each decoder layer's activations in backward
+            (non-reentrant). The single-process equivalent is ``model.gradient_checkpointing``.
+        cpu_offload: FSDP2 on CUDA only: keep the sharded parameters, gradients and optimizer state in host
+            memory (FSDP's ``CPUOffloadPolicy``); the optimizer steps on the CPU.
+    """
+
+    strategy: Literal["single", "fsdp2"] = "single"
+    mixed_precision: Literal["bfloat16"] | None = None
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+
+    @model_validator(mode="after")
+    def _fsdp_only(self) -> TrainerConfig:
+        if self.strategy == "single":
+            for key, on in (("mixed_precision", self.mixed_precision is not None),
+                            ("activation_checkpointing", self.activation_checkpointing),
+                            ("cpu_offload", self.cpu_offload)):
+                if on:
+                    raise ValueError(f"{key} is an FSDP2 setting: set strategy = 'fsdp2' (one process uses "
+                                     "model.autocast and model.gradient_checkpointing)")
+        return self
+
+
+class DataConfig(ConfigModel):
     """SFT data: JSONL transcripts written by ``agentgym collect`` (or any trajectory JSONL).
 
     Attributes:
@@ -268,7 +307,7 @@ class DataConfig(_Section):
     max_len: int | None = Field(default=None, ge=8)
 
 
-class EvalConfig(_Section):
+class EvalConfig(ConfigModel):
     """Held-out evaluation through ``agentgym.eval`` (same protocol and summary as ``agentgym eval``).
 
     Attributes:
@@ -296,7 +335,7 @@ class EvalConfig(_Section):
     share_rollout_engine: bool = False
 
 
-class LogConfig(_Section):
+class LogConfig(ConfigModel):
     """Run logs.
 
     Attributes:
@@ -316,7 +355,7 @@ class LogConfig(_Section):
     groups: bool = False
 
 
-class MultiConfig(_Section):
+class MultiConfig(ConfigModel):
     """The rollout workflow: one policy (``none``), a second trained policy on a two-role workflow
     (solver + verifier), or any registered workflow (``harness``: an external agent through the policy
     endpoint; see :mod:`agentgym.harness.registry`).
@@ -350,7 +389,7 @@ class MultiConfig(_Section):
         return v
 
 
-class GateSection(_Section):
+class GateConfig(ConfigModel):
     """The Selective Rollout gate (:class:`~agentgym.rollout.gates.SelectiveRolloutGate`).
 
     Attributes:
@@ -373,7 +412,7 @@ class GateSection(_Section):
     hold: bool = True
 
 
-class PilotSection(_Section):
+class PilotConfig(ConfigModel):
     """Pilot then commit (:class:`~agentgym.rollout.pilot.PilotCommitWorkflow`).
 
     Attributes:
@@ -387,7 +426,11 @@ class PilotSection(_Section):
     size: int = Field(default=2, ge=2)
 
 
-class TrainConfig(_Section):
+GateSection = GateConfig  # the names before GateConfig / PilotConfig, kept for existing imports
+PilotSection = PilotConfig
+
+
+class TrainConfig(ConfigModel):
     """A whole training run. Sections are documented on their classes."""
 
     run: RunConfig = Field(default_factory=RunConfig)
@@ -397,13 +440,14 @@ class TrainConfig(_Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     filter: FilterConfig = Field(default_factory=FilterConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     multi: MultiConfig = Field(default_factory=MultiConfig)
     dataflow: DataflowConfig = Field(default_factory=DataflowConfig)
-    gate: GateSection = Field(default_factory=GateSection)
-    pilot: PilotSection = Field(default_factory=PilotSection)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    pilot: PilotConfig = Field(default_factory=PilotConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
@@ -430,6 +474,7 @@ class TrainConfig(_Section):
         if self.dataflow.replay_fill and not self.filter.dynamic_sampling:
             problems.append("dataflow.replay_fill replaces groups dynamic sampling filtered: set "
                             "filter.dynamic_sampling = true")
+        problems += _sharding_problems(self)
 
         if problems:
             raise ValueError("; ".join(problems))
@@ -437,6 +482,31 @@ class TrainConfig(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _sharding_problems(cfg: TrainConfig) -> list[str]:
+    """What ``trainer.strategy = "fsdp2"`` does not combine with (yet), each with what to do instead."""
+    t, m = cfg.trainer, cfg.model
+    if t.strategy != "fsdp2":
+        return []
+    out = []
+    if cfg.run.algorithm != "sft":
+        out.append("trainer.strategy: 'fsdp2' runs the SFT recipe so far (run.algorithm = 'sft'); train RL with "
+                   "strategy = 'single'")
+    if m.autocast is not None:
+        out.append("model.autocast: FSDP2 casts through its own policy: set trainer.mixed_precision instead")
+    if m.gradient_checkpointing:
+        out.append("model.gradient_checkpointing: with FSDP2 set trainer.activation_checkpointing instead")
+    if t.mixed_precision is not None and m.dtype != "float32":
+        out.append("trainer.mixed_precision: keeps fp32 master weights: set model.dtype = 'float32'")
+    if t.cpu_offload and not m.device.startswith("cuda"):
+        out.append("trainer.cpu_offload: offloads from a GPU; with model.device = 'cpu' the shards already live "
+                   "in host memory")
+    if not (m.device == "cpu" or m.device.startswith("cuda")):
+        out.append(f"model.device: FSDP2 runs on 'cpu' (gloo) or 'cuda' (nccl), not {m.device!r}")
+    if cfg.multi.workflow != "none":
+        out.append("multi.workflow: multi-policy runs train with trainer.strategy = 'single' so far")
+    return out
 
 
 def flow_params(cfg: TrainConfig, policies: tuple[str, ...]) -> FlowParams:
@@ -487,23 +557,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[s
     return data
 
 
-def _format_errors(err: pydantic.ValidationError, source: str) -> str:
-    lines = [f"{source}: {err.error_count()} problem(s):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(config)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see agentgym.trainers.config)"
-        lines.append(f"  - {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def validate_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
-    """Validate a raw dict; every problem is listed in one ConfigurationError."""
-    try:
-        return TrainConfig.model_validate(data)
-    except pydantic.ValidationError as e:
-        raise ConfigurationError(_format_errors(e, source)) from None
+    """Validate a raw dict; every problem is listed in one ConfigurationError (see :mod:`agentgym.config`)."""
+    return TrainConfig.from_dict(data, source)
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

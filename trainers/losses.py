@@ -17,13 +17,13 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Aggregation", "PolicyLossOutput", "aggregation_weights", "k3_kl", "policy_loss", "sft_loss"]
+__all__ = ["Aggregation", "PolicyLossOutput", "aggregation_weights", "batch_totals", "k3_kl", "policy_loss", "sft_loss"]
 
 Aggregation = Literal["token-mean", "seq-mean", "token-sum"]
 
 
 def aggregation_weights(token_counts: Sequence[int], aggregation: Aggregation = "token-mean",
-                        norm_len: int = 1024) -> list[float]:
+                        norm_len: int = 1024, totals: tuple[int, int] | None = None) -> list[float]:
     """The weight of one masked token of each sequence, so that the batch loss is ``sum(w * loss)``.
 
     Args:
@@ -32,12 +32,14 @@ def aggregation_weights(token_counts: Sequence[int], aggregation: Aggregation = 
             ``seq-mean``: every sequence counts the same (``1 / (N * n_i)``); ``token-sum``:
             ``1 / (N * norm_len)``, a constant normalizer (Dr.GRPO), so longer sequences weigh more.
         norm_len: The constant of ``token-sum``.
+        totals: ``(sequences with a masked token, masked tokens)`` of the whole batch when
+            ``token_counts`` is only one rank's share of it (sharded training sums them over the ranks);
+            ``None``: ``token_counts`` is the whole batch.
 
     Returns:
         ``[N]`` per-token weights (0 for a sequence without masked tokens).
     """
-    n_seq = sum(1 for c in token_counts if c > 0)
-    total = sum(token_counts)
+    n_seq, total = totals if totals is not None else batch_totals(token_counts)
     out: list[float] = []
     for c in token_counts:
         if c <= 0:
@@ -51,6 +53,11 @@ def aggregation_weights(token_counts: Sequence[int], aggregation: Aggregation = 
         else:
             raise ValueError(f"unknown aggregation {aggregation!r}")
     return out
+
+
+def batch_totals(token_counts: Sequence[int]) -> tuple[int, int]:
+    """``(sequences with a masked token, masked tokens)``: the normalisers of :func:`aggregation_weights`."""
+    return sum(1 for c in token_counts if c > 0), sum(c for c in token_counts if c > 0)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,13 @@ Faults: a non-finite loss or gradient norm skips the optimizer step (gradients d
 ``skipped_steps``, logged); ``optim.max_bad_steps`` consecutive ones raise
 :class:`~agentgym.errors.TrainingDiverged`. An empty sample list is not a step (it still spends its
 batch's positions of the schedule).
+
+**Sharded** (``ranks``, ``trainer.strategy = "fsdp2"``): the model is an FSDP2 model
+(:func:`~agentgym.trainers.distributed.shard_model`), each rank calls :meth:`PolicyTrainer.train_on` with its
+share of the batch, and the loss normalisers, the number of micro-batches, the finiteness of the step and the
+gradient norm are agreed over the ranks (see :mod:`agentgym.trainers.distributed`). With one mini-batch the
+step equals one process's step on the whole batch; with several, each rank shuffles its own share. The loss,
+gradient norm, trained tokens and sequences in the metrics are global; the other statistics are this rank's.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import math
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -41,9 +48,14 @@ from agentgym.errors import ConfigurationError, TrainingDiverged
 
 from .batching import MicroBatch, TrainSample, collate, collate_packed, pack_micro_batches, pack_rows
 from .config import LossConfig, ModelConfig, OptimConfig
-from .losses import aggregation_weights, policy_loss, sft_loss
+from .distributed import local_value
+from .losses import aggregation_weights, batch_totals, policy_loss, sft_loss
 from .memory import release_free_memory
 from .model import DTYPES, adapter_parameters, add_lora, load_causal_lm, token_logprobs
+
+if TYPE_CHECKING:
+    from .config import TrainerConfig
+    from .distributed import Ranks
 
 __all__ = ["PolicyTrainer", "build_trainers", "lr_factor"]
 
@@ -82,12 +94,14 @@ class PolicyTrainer:
         seed: Shuffles mini-batches.
         autocast: Run forward and backward under ``torch.autocast`` in this dtype (mixed precision:
             the weights and optimizer state keep the model's dtype).
+        ranks: Sharded training: this rank's place in the process group (``model`` is sharded with FSDP2
+            and each ``train_on`` call gets this rank's share of the batch).
     """
 
     def __init__(self, policy_id: str, model: Any, *, algorithm: Literal["grpo", "sft"] = "grpo",
                  optim: OptimConfig | None = None, loss: LossConfig | None = None, adapter: str | None = None,
                  ref_model: Any = None, batches: int | None = None, seed: int = 0,
-                 autocast: torch.dtype | None = None) -> None:
+                 autocast: torch.dtype | None = None, ranks: Ranks | None = None) -> None:
         self.policy_id = policy_id
         self.model = model
         self.algorithm = algorithm
@@ -95,7 +109,8 @@ class PolicyTrainer:
         self.loss_cfg = loss or LossConfig()
         self.adapter = adapter
         self.ref_model = ref_model
-        self.device = next(model.parameters()).device
+        self.ranks = ranks
+        self.device = ranks.device if ranks is not None else next(model.parameters()).device
         self.params = adapter_parameters(model, adapter)
         for _, p in self.params:
             p.requires_grad_(True)
@@ -147,7 +162,14 @@ class PolicyTrainer:
 
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch]:
         agg = "token-mean" if self.algorithm == "sft" else self.loss_cfg.aggregation
-        weights = aggregation_weights([s.num_masked for s in samples], agg, self.loss_cfg.norm_len)
+        counts = [s.num_masked for s in samples]
+        totals = None
+        if self.ranks is not None:  # the normalisers of the whole batch, not of this rank's share
+            n_seq, n_tok = self.ranks.sum(batch_totals(counts))
+            totals = (int(n_seq), int(n_tok))
+        weights = aggregation_weights(counts, agg, self.loss_cfg.norm_len, totals)
+        if not samples:
+            return []
         o = self.optim_cfg
         if o.pack_sequences:  # several samples per row, block-diagonal attention (see trainers/batching.py)
             rows = pack_rows([len(s) for s in samples], o.pack_len)
@@ -187,18 +209,22 @@ class PolicyTrainer:
         base = self.schedule_pos
         self.schedule_pos += self.steps_per_batch  # the batch's share of the schedule, taken or not
         samples = [s for s in samples if s.policy_id == self.policy_id and s.num_masked > 0]
-        if not samples:
+        n_global = len(samples) if self.ranks is None else int(self.ranks.sum([len(samples)])[0])
+        if not n_global:
             return {"optimizer_steps": 0, "skipped": "no samples", "lr": self.lr}
         t0 = time.perf_counter()
         cfg = self.loss_cfg
         rl = self.algorithm == "grpo"
-        n_mini = min(cfg.mini_batches, len(samples)) if rl else 1
+        n_mini = min(cfg.mini_batches, n_global) if rl else 1
         epochs = cfg.epochs if rl else 1
         order = list(range(len(samples)))
         if n_mini > 1:
             self.rng.shuffle(order)
         chunks = [[samples[i] for i in order[k::n_mini]] for k in range(n_mini)]
         plans = [self._micro_batches(c) for c in chunks]
+        reals = [len(p) for p in plans]  # micro-batches past these are a rank's zero-weight padding
+        if self.ranks is not None:
+            plans = self._pad(plans)
         need_old = rl and (epochs > 1 or n_mini > 1)
         with self.active():
             olds = [self._logprobs_nograd(p) for p in plans] if need_old else None
@@ -207,21 +233,32 @@ class PolicyTrainer:
             for e in range(epochs):
                 for k, mbs in enumerate(plans):
                     self._step(mbs, None if olds is None else olds[k], None if refs is None else refs[k], acc,
-                               pos=base + e * cfg.mini_batches + k)
+                               pos=base + e * cfg.mini_batches + k, real=reals[k])
         m = acc.metrics()
         tokens = sum(s.num_masked for s in samples)
+        n_seqs = len(samples)
+        if self.ranks is not None:
+            tokens, n_seqs = (int(v) for v in self.ranks.sum([tokens, n_seqs]))
         t_trim = time.perf_counter()
         release_free_memory()  # the step's freed activations go back to the OS (see trainers/memory.py)
         m["trim_s"] = time.perf_counter() - t_trim
         dt = time.perf_counter() - t0
-        m.update({"trained_tokens": tokens, "sequences": len(samples), "train_s": dt,
+        m.update({"trained_tokens": tokens, "sequences": n_seqs, "train_s": dt,
                   "tokens_per_s": (sum(len(s) for s in samples) * epochs) / dt if dt > 0 else None,
                   "trained_tokens_per_s": tokens * epochs / dt if dt > 0 else None,
                   "lr": self.lr, "skipped_steps_total": self.skipped_steps})
         return m
 
+    def _pad(self, plans: list[list[MicroBatch]]) -> list[list[MicroBatch]]:
+        """Every rank runs as many micro-batches per mini-batch as the busiest one (FSDP's collectives run in
+        every forward and backward): the others pad with a zero-weight micro-batch."""
+        assert self.ranks is not None
+        most = [int(v) for v in self.ranks.max([len(p) for p in plans])]
+        pad = collate([TrainSample(self.policy_id, [0, 0], [0, 1])], [0], [0.0]).to(self.device)
+        return [p + [pad] * (n - len(p)) for p, n in zip(plans, most, strict=True)]
+
     def _step(self, mbs: list[MicroBatch], olds: list[torch.Tensor] | None, refs: list[torch.Tensor] | None,
-              acc: _Acc, pos: int) -> None:
+              acc: _Acc, pos: int, real: int | None = None) -> None:
         cfg = self.loss_cfg
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
@@ -245,15 +282,20 @@ class PolicyTrainer:
             loss = (per_tok * mb.weights).sum()
             if not torch.isfinite(loss):
                 finite = False
-                break
-            loss.backward()
+                if self.ranks is None:
+                    break
+            loss.backward()  # sharded: every rank runs every backward (the step is skipped below if need be)
             total += float(loss.detach())
-            acc.add(mb, logp.detach(), ent, out)
+            if real is None or j < real:
+                acc.add(mb, logp.detach(), ent, out)
+        if self.ranks is not None:  # the batch's loss; a non-finite loss on any rank skips the step on all
+            total, bad = self.ranks.sum([total if finite else 0.0, 0.0 if finite else 1.0])
+            finite = bad == 0
         grad_norm = float("nan")
         if finite:
             params = [p for _, p in self.params if p.grad is not None]
             clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip is not None else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+            grad_norm = local_value(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
             finite = math.isfinite(grad_norm)
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
@@ -278,12 +320,19 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "schedule_pos": self.schedule_pos, "lr": self.lr,
-                "steps": self.steps, "skipped_steps": self.skipped_steps, "bad_in_a_row": self.bad_in_a_row,
-                "rng": self.rng.getstate()}
+        return {"optimizer": self.optimizer.state_dict(), **self.counters()}
+
+    def counters(self) -> dict[str, Any]:
+        """Everything but the optimizer: schedule position, learning rate, step counters, mini-batch RNG (a
+        sharded checkpoint keeps the optimizer in ``torch.distributed.checkpoint`` shards instead)."""
+        return {"schedule_pos": self.schedule_pos, "lr": self.lr, "steps": self.steps,
+                "skipped_steps": self.skipped_steps, "bad_in_a_row": self.bad_in_a_row, "rng": self.rng.getstate()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.load_counters(state)
+
+    def load_counters(self, state: dict[str, Any]) -> None:
         self.schedule_pos = int(state["schedule_pos"])
         self.lr = float(state["lr"])
         self.steps = int(state["steps"])
@@ -357,27 +406,44 @@ class _Acc:
 
 def build_trainers(model: ModelConfig, paths: Mapping[str, str], *, algorithm: Literal["grpo", "sft"],
                    optim: OptimConfig, loss: LossConfig, batches: Mapping[str, int], seed: int = 0,
-                   shared_base: bool = False, kl_coef: float = 0.0) -> dict[str, PolicyTrainer]:
+                   shared_base: bool = False, kl_coef: float = 0.0, sharding: TrainerConfig | None = None,
+                   ranks: Ranks | None = None) -> dict[str, PolicyTrainer]:
     """One :class:`PolicyTrainer` per policy (``paths``: policy id -> model folder).
 
     ``model.finetune = "lora"`` gives each policy its own adapter; with ``shared_base`` (several policies)
     the adapters sit on one base model. A KL term (``kl_coef > 0``) gets a frozen reference copy of a fully
     fine-tuned model (with LoRA the base, adapter disabled, is the reference). ``batches``: the
-    ``train_on`` calls each trainer will get (the learning-rate schedule's horizon).
+    ``train_on`` calls each trainer will get (the learning-rate schedule's horizon). ``sharding`` with
+    ``strategy = "fsdp2"`` (and this process's ``ranks``): each model is loaded on the CPU, gets its adapter, and
+    is sharded with FSDP2 onto ``ranks.device`` (every rank must have seeded its RNGs alike, so that LoRA
+    weights start the same).
     """
+    fsdp = sharding is not None and sharding.strategy == "fsdp2"
+    if fsdp and ranks is None:
+        raise ConfigurationError("trainer.strategy = 'fsdp2' needs the process group: pass ranks=init_ranks(...)")
+    if fsdp and (kl_coef > 0 or shared_base):
+        raise ConfigurationError("trainer.strategy = 'fsdp2' does not train with a KL reference or a shared base yet")
+    load_device = "cpu" if fsdp else model.device
     lora = model.finetune == "lora"
     lkw: dict[str, Any] = {"rank": model.lora_rank, "alpha": model.lora_alpha, "dropout": model.lora_dropout,
                            "targets": model.lora_targets}
     models: dict[str, Any] = {}
     if shared_base and len(paths) > 1:
-        shared = load_causal_lm(model.path, model.dtype, model.device, model.gradient_checkpointing)
+        shared = load_causal_lm(model.path, model.dtype, load_device, model.gradient_checkpointing)
         for pid in paths:
             shared = add_lora(shared, pid, **lkw)
         models = dict.fromkeys(paths, shared)
     else:
         for pid, path in paths.items():
-            base = load_causal_lm(path, model.dtype, model.device, model.gradient_checkpointing)
+            base = load_causal_lm(path, model.dtype, load_device, model.gradient_checkpointing)
             models[pid] = add_lora(base, pid, **lkw) if lora else base
+    if fsdp:
+        from .distributed import shard_model
+
+        assert sharding is not None and ranks is not None
+        for pid in paths:
+            shard_model(models[pid], ranks, mixed_precision=sharding.mixed_precision, cpu_offload=sharding.cpu_offload,
+                        activation_checkpointing=sharding.activation_checkpointing)
     out: dict[str, PolicyTrainer] = {}
     for pid in paths:
         ref = None
@@ -387,5 +453,6 @@ def build_trainers(model: ModelConfig, paths: Mapping[str, str], *, algorithm: L
                 p.requires_grad_(False)
         out[pid] = PolicyTrainer(pid, models[pid], algorithm=algorithm, optim=optim, loss=loss,
                                  adapter=pid if lora else None, ref_model=ref, batches=batches[pid], seed=seed,
-                                 autocast=DTYPES[model.autocast] if model.autocast else None)
+                                 autocast=DTYPES[model.autocast] if model.autocast else None,
+                                 ranks=ranks if fsdp else None)
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -57,6 +58,8 @@ def train_cmd(
         result = run_training(cfg)
     except AgentGymError as e:
         _fail(str(e), 1)
+    if os.environ.get("RANK", "0") != "0":
+        return  # one rank of a sharded run (torchrun): rank 0 reports
     from rich.console import Console
 
     con = Console()

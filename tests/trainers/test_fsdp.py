@@ -1,0 +1,204 @@
+"""Sharded training (``trainer.strategy = "fsdp2"``): two gloo ranks take exactly the step one process takes.
+
+Two ranks (``fsdp_worker.py``, started here on a free localhost port, bounded by a timeout and killed with their
+process groups whatever happens) train the tiny model for 3 optimizer steps, each on its share of every batch,
+with micro-batching on; one process trains on the whole batches. Their parameters must agree to float32
+round-off: full fine-tune and LoRA, RL losses under each aggregation, and SFT. A per-rank normaliser (each rank
+weighting its tokens by its own count) moves the parameters by orders of magnitude more than the tolerance
+(checked by planting it), and a mean of the ranks' gradients instead of their sum shows in the gradient norm.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentgym.errors import ConfigurationError
+
+HERE = Path(__file__).resolve().parent
+WORLD = 2
+CASES: list[dict[str, Any]] = [
+    {"name": "full-token-mean", "finetune": "full", "algorithm": "grpo", "aggregation": "token-mean", "seed": 1},
+    {"name": "full-seq-mean", "finetune": "full", "algorithm": "grpo", "aggregation": "seq-mean", "seed": 2},
+    {"name": "full-token-sum", "finetune": "full", "algorithm": "grpo", "aggregation": "token-sum", "seed": 3},
+    {"name": "lora-sft", "finetune": "lora", "algorithm": "sft", "seed": 4, "lr": 1e-2},
+    {"name": "lora-token-mean", "finetune": "lora", "algorithm": "grpo", "aggregation": "token-mean", "seed": 5,
+     "lr": 1e-2},
+]
+# FSDP's bf16 compute and activation checkpointing: they train, and the first step's loss is one process's
+MIXED: list[dict[str, Any]] = [
+    {"name": "full-bf16-ac", "finetune": "full", "algorithm": "grpo", "aggregation": "token-mean", "seed": 6,
+     "mixed_precision": "bfloat16", "activation_checkpointing": True},
+    {"name": "lora-bf16-ac", "finetune": "lora", "algorithm": "sft", "seed": 7, "lr": 1e-2,
+     "mixed_precision": "bfloat16", "activation_checkpointing": True},
+]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_ranks(argv: list[str], world: int, *, timeout_s: float = 300.0, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> list[str]:
+    """Run ``python argv...`` as ``world`` ranks of one gloo group on localhost (the variables ``torchrun``
+    sets), each in its own process group; wait for all, killing every one on a timeout or a failure.
+    Returns each rank's output; raises AssertionError naming the ranks that failed."""
+    port = _free_port()
+    procs = []
+    base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
+    try:
+        for r in range(world):
+            procs.append(subprocess.Popen([sys.executable, *argv], cwd=cwd,
+                                          env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+        outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, "\n".join(f"rank {r} exited {procs[r].returncode}:\n{outs[r][-4000:]}" for r in failed)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp")
+    launch_ranks([str(HERE / "fsdp_worker.py"), tiny_model, str(out), json.dumps(CASES + MIXED)], WORLD)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_two_ranks_take_the_one_process_step(case: dict[str, Any], tiny_model: str, sharded_run: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    import fsdp_worker
+    from safetensors.torch import load_file
+
+    single, single_metrics = fsdp_worker.train_single(tiny_model, case)
+    sharded = load_file(str(sharded_run / f"{case['name']}.safetensors"))
+    sharded_metrics = json.loads((sharded_run / f"{case['name']}.json").read_text())
+    assert set(sharded) == set(single) and single
+    fresh = fsdp_worker.build(tiny_model, case)
+    init = fsdp_worker.trained(fresh, dict(fresh.model.state_dict()))
+    moved = max(float((single[n] - init[n]).abs().max()) for n in single)
+    worst = max(float((sharded[n] - single[n]).abs().max()) for n in single)
+    assert moved > 1e-3  # the steps did train
+    # float32 round-off (reduction order), amplified a little by Adam on near-zero gradients: ~1e-4 of the
+    # distance trained; a per-rank normaliser gives 5e-2 or more
+    assert worst < 2e-3 * moved, (f"{case['name']}: sharded parameters differ from one process's by {worst:.2e} "
+                                  f"(the steps moved them by {moved:.2e})")
+    for s, m in zip(single_metrics, sharded_metrics, strict=True):
+        assert m["optimizer_steps"] == s["optimizer_steps"] == 1
+        assert m["trained_tokens"] == s["trained_tokens"] and m["sequences"] == s["sequences"]
+        assert m["loss"] == pytest.approx(s["loss"], rel=1e-4, abs=1e-6)
+        assert m["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("case", MIXED, ids=[c["name"] for c in MIXED])
+def test_bf16_compute_and_activation_checkpointing_train(case: dict[str, Any], tiny_model: str,
+                                                         sharded_run: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    import fsdp_worker
+    from safetensors.torch import load_file
+
+    single, single_metrics = fsdp_worker.train_single(tiny_model, case)
+    sharded = load_file(str(sharded_run / f"{case['name']}.safetensors"))
+    metrics = json.loads((sharded_run / f"{case['name']}.json").read_text())
+    assert [m["optimizer_steps"] for m in metrics] == [1] * fsdp_worker.STEPS
+    assert all(math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) for m in metrics)
+    assert metrics[0]["loss"] == pytest.approx(single_metrics[0]["loss"], rel=2e-2, abs=1e-3)
+    fresh = fsdp_worker.build(tiny_model, case)
+    init = fsdp_worker.trained(fresh, dict(fresh.model.state_dict()))
+    assert max(float((sharded[n] - init[n]).abs().max()) for n in init) > 1e-3  # the steps did train
+
+
+def test_strategy_settings_are_validated() -> None:
+    from agentgym.trainers.config import TrainerConfig, validate_config
+
+    assert TrainerConfig().strategy == "single"
+    with pytest.raises(ConfigurationError, match=r"trainer\.strategy"):
+        validate_config({"trainer": {"strategy": "ddp"}})
+    with pytest.raises(ConfigurationError, match="FSDP2 setting"):
+        validate_config({"trainer": {"mixed_precision": "bfloat16"}})
+    sft = {"run": {"algorithm": "sft"}, "data": {"paths": ["x.jsonl"]}}
+    ok = validate_config({**sft, "trainer": {"strategy": "fsdp2", "mixed_precision": "bfloat16",
+                                            "activation_checkpointing": True}})
+    assert ok.trainer.strategy == "fsdp2"
+    with pytest.raises(ConfigurationError, match="runs the SFT recipe"):
+        validate_config({"trainer": {"strategy": "fsdp2"}})
+    with pytest.raises(ConfigurationError, match=r"set trainer\.mixed_precision instead"):
+        validate_config({**sft, "trainer": {"strategy": "fsdp2"}, "model": {"autocast": "bfloat16"}})
+    with pytest.raises(ConfigurationError, match="cpu_offload"):
+        validate_config({**sft, "trainer": {"strategy": "fsdp2", "cpu_offload": True}})
+
+
+def test_one_rank_group_matches_one_process(tiny_model: str) -> None:
+    """A group of one (no launcher) is the degenerate case: the FSDP2 path on one rank equals the plain one."""
+    sys.path.insert(0, str(HERE))
+    import fsdp_worker
+    from agentgym.trainers.distributed import close_ranks, full_state, init_ranks
+
+    case = CASES[0]
+    single, _ = fsdp_worker.train_single(tiny_model, case)
+    env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    try:
+        ranks = init_ranks("cpu", timeout_s=60)
+        assert (ranks.rank, ranks.world) == (0, 1)
+        tr = fsdp_worker.build(tiny_model, case, ranks)
+        for b in fsdp_worker.batches(case["seed"]):
+            tr.train_on(ranks.share(b))
+        sharded = fsdp_worker.trained(tr, full_state(tr.model))
+    finally:
+        close_ranks()
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert max(float((sharded[n] - single[n]).abs().max()) for n in single) < 1e-5
+    assert torch.distributed.is_initialized() is False
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_tampered_sharded_checkpoint_runs_nothing(tmp_path: Path) -> None:
+    """DCP's metadata is a pickle: it is read through an allowlist, so resuming a run folder executes nothing."""
+    import pickle
+
+    from agentgym.trainers.distributed import load_sharded, save_sharded
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    save_sharded(tmp_path / "ck", model, opt)
+    again = torch.nn.Linear(4, 2)
+    opt2 = torch.optim.AdamW(again.parameters())
+    load_sharded(tmp_path / "ck", again, opt2)  # an honest one loads
+    assert torch.equal(again.weight, model.weight)
+    marker = tmp_path / "pwned"
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(ConfigurationError, match="nothing in it was run"):
+        load_sharded(tmp_path / "ck", again, opt2)
+    assert not marker.exists()
