@@ -105,7 +105,9 @@ def main() -> None:
                      "after", results=results)
     fresh = recompute.recompute("real_run", results)
     rows = [json.loads(x) for x in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = [{"step": r["step"], "reward": r.get("rollout/reward_mean"), "elapsed_s": r.get("elapsed_s")}
+    # reward: the groups the step trained on (zero-variance groups filtered out); success_all: every finished episode
+    curve = [{"step": r["step"], "reward": r.get("rollout/reward_mean"),
+              "success_all": r.get("rollout_all/success_rate"), "elapsed_s": r.get("elapsed_s")}
              for r in rows if r.get("rollout/reward_mean") is not None]
     out = {
         "env": "agentgym/Search-v0", "model": "SmolLM2-135M-Instruct",
@@ -178,11 +180,15 @@ def _plot(out: dict[str, Any], path: Path) -> None:
     if len(ys) >= win:
         a.plot([r["step"] for r in c][win - 1:], [sum(ys[i - win + 1:i + 1]) / win for i in range(win - 1, len(ys))],
                lw=2, label=f"mean of the last {win} steps")
+    every = [(r["step"], r["success_all"]) for r in c if r.get("success_all") is not None]
+    if every:  # beside it, what the filtered mean hides: success over every episode the step rolled out
+        a.plot([x for x, _ in every], [y for _, y in every], marker=".", color="#888", alpha=0.8,
+               label="success, every episode (unfiltered)")
     a.legend(fontsize=8)
     a.set_xlabel("GRPO step")
-    a.set_ylabel("rollout/reward_mean")
-    a.set_title("training reward of the groups each step trained on\n(zero-variance groups the filter dropped excluded)",
-                fontsize=9)
+    a.set_ylabel("rollout/reward_mean, rollout_all/success_rate")
+    a.set_title("training reward of the groups each step trained on (zero-variance\ngroups excluded), and success over "
+                "every episode", fontsize=9)
     a.grid(alpha=0.3)
     names = ["base", "sft", "sft_plus_grpo"]
     ys = [100 * out[n]["success"] for n in names]
