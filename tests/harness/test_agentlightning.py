@@ -12,7 +12,6 @@ side venv: ``make agl-venv`` builds ``.venv-agl`` from PyPI; ``AGENTGYM_AGL_PYTH
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import httpx
 import pytest
 import tiny_lookup
 from harness_fakes import ScriptedTokenPolicy
+from side_venvs import side_python
 
 from agentgym.harness.agents import AgentLightningAgent
 from agentgym.harness.endpoint import PolicyEndpoint
@@ -30,21 +30,13 @@ from agentgym.policy import SamplingParams
 from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 
 @pytest.fixture(scope="module")
 def agl_python() -> str:
-    py = os.environ.get("AGENTGYM_AGL_PYTHON") or str(ROOT / ".venv-agl" / "bin" / "python")
-    if not Path(py).is_file():
-        pytest.skip(f"Agent Lightning needs Python >= 3.12 in a side venv; none at {py} (`make agl-venv` builds it "
-                    "where a Python 3.12 is installed)")
-    r = subprocess.run([py, "-c", "import agentlightning, openai; print(agentlightning.__version__)"],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"{py} cannot import agentlightning and openai: {r.stderr[-300:]}")
-    assert r.stdout.strip() == "1.0.2"
-    return py
+    return side_python("AGENTGYM_AGL_PYTHON", ".venv-agl", "agentlightning, openai", "agentlightning", "1.0.2",
+                       "Agent Lightning needs Python >= 3.12 in a side venv (`make agl-venv` builds it where a "
+                       "Python 3.12 is installed)", timeout_s=120)
 
 
 @pytest.mark.slow

@@ -13,14 +13,13 @@ test-verifiers`` builds it; ``AGENTGYM_VF_PYTHON`` names another interpreter); w
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tiny_lookup
 from harness_fakes import ScriptedTokenPolicy, lookup_reply
+from side_venvs import side_python
 
 from agentgym.harness.agents import CommandAgent
 from agentgym.harness.workflow import HarnessWorkflow
@@ -28,21 +27,13 @@ from agentgym.policy import SamplingParams
 from agentgym.rollout import GroupRequest, RolloutEngine, RolloutLimits, RolloutRuntime
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 
 @pytest.fixture(scope="module")
 def vf_python() -> str:
-    py = os.environ.get("AGENTGYM_VF_PYTHON") or str(ROOT / ".venv-verifiers" / "bin" / "python")
-    if not Path(py).is_file():
-        pytest.skip(f"verifiers runs in its own venv (it pins mcp==2.0.0 and openai<3); none at {py}: "
-                    "`make test-verifiers` builds .venv-verifiers")
-    r = subprocess.run([py, "-c", "import verifiers, agentgym_verifiers.episode; print(verifiers.__version__)"],
-                       capture_output=True, text=True, timeout=300, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"{py} cannot import verifiers and agentgym_verifiers: {r.stderr[-300:]}")
-    assert r.stdout.strip() == "0.4.0"
-    return py
+    return side_python("AGENTGYM_VF_PYTHON", ".venv-verifiers", "verifiers, agentgym_verifiers.episode", "verifiers",
+                       "0.4.0", "verifiers runs in its own venv (it pins mcp==2.0.0 and openai<3): `make "
+                       "test-verifiers` builds .venv-verifiers")
 
 
 class FirstAnswerWrong:
