@@ -58,6 +58,7 @@ from agentgym.trainers.run import (
 )
 from agentgym.trainers.trainer import PolicyTrainer, build_trainers
 
+from agentgym.dataflow.flow import Batch
 from agentgym.errors import ConfigurationError
 from agentgym.weights import WeightPublisher
 
@@ -103,6 +104,7 @@ class RLRecipe:
         self.logger: MetricsLogger | None = None
         self.stop = StopControl(cfg.run.time_budget_s)
         self._flow_state: dict[str, Any] | None = None
+        self._kept: dict[str, Batch] = {}  # multi.schedule = "alternating_kept": a batch awaiting its policy's step
 
     # ================================================================== setup
     def setup(self) -> None:
@@ -258,6 +260,12 @@ class RLRecipe:
             f"step {self.step + 1}/{cfg.run.steps}", pull())
         t1 = time.monotonic()
         pids = trained_at(self.policies, cfg.multi.schedule, self.step)
+        if cfg.multi.schedule == "alternating_kept":  # no episode's tokens are thrown away
+            for pid in self.policies:
+                if pid in pids and pid in self._kept:
+                    batches[pid] = merge_batches(self._kept.pop(pid), batches[pid])
+                elif pid not in pids:
+                    self._kept[pid] = batches[pid]
         parallel = len(pids) > 1 and not cfg.multi.shared_base  # separate models: train side by side
         results = await asyncio.gather(*(self.train_policy(pid, batches[pid], parallel) for pid in pids))
         per = dict(zip(pids, results, strict=True))
@@ -356,3 +364,19 @@ class RLRecipe:
                 self.folder.write_result(self.result)
         finally:
             self.folder.release()
+
+
+def merge_batches(first: Batch, second: Batch) -> Batch:
+    """Two batches of one policy as one (``multi.schedule = "alternating_kept"``: the batch a step left untrained
+    joins the policy's next one), groups, replay weights and counters kept."""
+    if first.policy_id != second.policy_id:
+        raise ValueError(f"cannot merge batches of {first.policy_id!r} and {second.policy_id!r}")
+
+    def replay_weights(b: Batch) -> list[float]:
+        return list(b.replay_weights) or [1.0] * len(b.replayed)
+
+    return Batch(first.policy_id, first.groups + second.groups, first.tickets + second.tickets,
+                 replayed=first.replayed + second.replayed, versions=first.versions + second.versions,
+                 replay_weights=replay_weights(first) + replay_weights(second), expired=first.expired + second.expired,
+                 wait_s=first.wait_s + second.wait_s, filtered=first.filtered + second.filtered,
+                 short=first.short or second.short)

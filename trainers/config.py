@@ -369,12 +369,15 @@ class MultiConfig(ConfigModel):
         verifier_path: The verifier's model (defaults to ``model.path``).
         schedule: ``"concurrent"``: every step trains both policies, each on its own batch (in parallel
             threads when they are separate models); ``"alternating"``: step k trains only policy k mod 2
-            (the other's batch is rolled out and dropped), the baseline of one-policy-at-a-time setups.
+            (the other's batch is rolled out and dropped), the baseline of one-policy-at-a-time setups;
+            ``"alternating_kept"``: step k trains policy k mod 2 on its batches of steps k-1 and k (the batch a
+            step leaves untrained is kept for the policy's next step, so no episode's tokens are dropped;
+            a kept batch is not checkpointed, so a resumed run starts without it).
     """
 
     workflow: str = "none"
     options: dict[str, Any] = Field(default_factory=dict)
-    schedule: Literal["concurrent", "alternating"] = "concurrent"
+    schedule: Literal["concurrent", "alternating", "alternating_kept"] = "concurrent"
     shared_base: bool = False
     verifier_path: str | None = None
     verifier_max_tokens: int = Field(default=32, ge=1)

@@ -154,8 +154,8 @@ def sft_steps(run: RunConfig, data: DataConfig, samples: int) -> int:
 
 
 def trained_at(policies: Sequence[str], schedule: str, step: int) -> list[str]:
-    """The policies recipe step ``step`` trains: all, or with ``schedule = "alternating"`` policy ``step mod n``."""
-    if len(policies) > 1 and schedule == "alternating":
+    """The policies recipe step ``step`` trains: all, or with an alternating schedule policy ``step mod n``."""
+    if len(policies) > 1 and schedule in ("alternating", "alternating_kept"):
         return [policies[step % len(policies)]]
     return list(policies)
 

@@ -200,6 +200,43 @@ def test_alternating_schedule_trains_one_policy_per_step(tiny_sft_model: str, tm
     assert r.version == r.trainers["solver"].steps + r.trainers["verifier"].steps
 
 
+def test_alternating_kept_trains_each_policy_on_every_rollout(tiny_sft_model: str, tmp_path: Path) -> None:
+    """``alternating_kept``: step k trains policy k mod 2 on its batches of steps k-1 and k, so over the run each
+    policy trains on every rollout batch but the last one the other policy took (none is dropped)."""
+    from agentgym.recipes.rl import RLRecipe
+
+    cfg = _multi_cfg(tiny_sft_model, tmp_path / "run", shared=True, schedule="alternating_kept")
+    cfg.run.steps = 4
+    steps: list[dict[str, Any]] = []
+    r = RLRecipe(cfg, on_step=steps.append)
+    try:
+        r.setup()
+        r.train()
+    finally:
+        r.cleanup()
+    g = cfg.rollout.groups_per_step
+    trained = [[(pid, rec[f"{pid}/dataflow/groups"]) for pid in ("solver", "verifier") if f"{pid}/train/optimizer_steps" in rec]
+               for rec in steps]
+    # step 0: the solver on batch 0; step 1: the verifier on batches 0 and 1; step 2: the solver on 1 and 2; ...
+    assert trained == [[("solver", g)], [("verifier", 2 * g)], [("solver", 2 * g)], [("verifier", 2 * g)]]
+    assert r._kept.keys() == {"solver"}  # batch 3's solver half awaits a step the run does not take
+
+
+def test_merge_batches_keeps_groups_weights_and_counters() -> None:
+    from agentgym.recipes.rl import merge_batches
+
+    from agentgym.dataflow.flow import Batch
+
+    a = Batch("p", ["g1"], ["t1"], replayed=["r1"], versions=[0], expired=1, wait_s=1.0, filtered=2)  # type: ignore[list-item]
+    b = Batch("p", ["g2", "g3"], ["t2", "t3"], replayed=["r2"], versions=[1, 1], replay_weights=[0.5], short=True)  # type: ignore[list-item]
+    m = merge_batches(a, b)
+    assert m.all_groups == ["g1", "g2", "g3", "r1", "r2"]
+    assert m.group_weights == [1.0, 1.0, 1.0, 1.0, 0.5]
+    assert (m.tickets, m.versions, m.expired, m.wait_s, m.filtered, m.short) == (["t1", "t2", "t3"], [0, 1, 1], 1, 1.0, 2, True)
+    with pytest.raises(ValueError, match="cannot merge"):
+        merge_batches(a, Batch("q", [], []))
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_multi_config_builds(tiny_model: str, tmp_path: Path, shared: bool) -> None:
     from agentgym.trainers.run import policy_paths
