@@ -102,7 +102,13 @@ def _torchrun(config: Path, *overrides: str, timeout_s: float = 300.0) -> str:
         out = p.communicate(timeout=timeout_s)[0]
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks: they share its session
+            # torchrun starts each rank in a session of its own, so killing torchrun's group would orphan them:
+            # SIGTERM lets its agent stop the ranks first, then whatever is left of torchrun's group goes
+            p.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=60)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         else:
             with contextlib.suppress(ProcessLookupError):  # a rank torchrun left behind
