@@ -23,6 +23,17 @@ rloo), ``[loss]`` (clip-higher, token-sum aggregation, KL, truncated importance 
 
 ``dataflow.max_staleness = 0`` (the default) is the synchronous schedule (roll out a batch, train, publish,
 repeat); ``max_staleness = k`` lets the services run up to ``k`` versions ahead. Same code path.
+
+Sharded (``trainer.strategy = "fsdp2"``, under ``torchrun --nproc_per_node N -m agentgym train ...``; one policy):
+every rank builds its sharded trainer and runs this recipe; rank 0 alone owns the run folder, the dataflow runtime
+and its rollout services, the eval policy, the logs and the checkpoint metadata. Each step rank 0 pulls the batch
+and computes the samples with their advantages, and sends them to every rank as plain data (JSON bytes through
+``torch.distributed.broadcast``; an empty list when it has none, so the ranks stay in step); every rank then
+trains on its share of each *global* mini-batch (``train_on(..., whole_batch=True)``: the one process's step).
+After an update every rank takes part in gathering the trained tensors (the adapter's only, for LoRA) into
+rank 0's one-process copy of the model, from which rank 0 publishes as one process does (same versions; full,
+delta or merged-LoRA updates, the deltas computed on rank 0). Checkpoints are sharded (DCP); rank 0 evaluates
+the gathered copy and writes ``final/`` from it.
 """
 
 from __future__ import annotations
@@ -33,9 +44,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agentgym.trainers.batching import samples_from_groups
+from agentgym.trainers.batching import TrainSample, decode_samples, encode_samples, samples_from_groups
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.distributed import (
+    QuietLogger,
+    Ranks,
+    broadcast_bytes,
+    close_ranks,
+    gathered_trainer,
+    init_ranks,
+)
 from agentgym.trainers.memory import memory_metrics
 from agentgym.trainers.metrics import (
     GroupLog,
@@ -101,17 +120,28 @@ class RLRecipe:
         self.eval_policies: dict[str, Any] = {}
         self.runtime: Any = None
         self.services: list[Any] = []
-        self.logger: MetricsLogger | None = None
+        self.logger: MetricsLogger | QuietLogger | None = None
         self.stop = StopControl(cfg.run.time_budget_s)
         self._flow_state: dict[str, Any] | None = None
+        self.ranks: Ranks | None = None  # sharded (trainer.strategy = "fsdp2"): this rank's place
+        self.whole: Any = None  # sharded: rank 0's one-process copy of the model (publishing, eval, final/)
         self._kept: dict[str, Batch] = {}  # multi.schedule = "alternating_kept": a batch awaiting its policy's step
+
+    @property
+    def main(self) -> bool:
+        """The process that owns the run folder, the rollout services and the logs (rank 0 when sharded)."""
+        return self.ranks is None or self.ranks.is_main
 
     # ================================================================== setup
     def setup(self) -> None:
         cfg = self.cfg
-        self.folder.lock()
+        if cfg.trainer.strategy == "fsdp2":
+            self.ranks = init_ranks(cfg.model.device)
+        if self.main:
+            self.folder.lock()
         seed_everything(cfg.run)
-        self.folder.write_config(cfg)
+        if self.main:
+            self.folder.write_config(cfg)
         import_modules(cfg.rollout.imports)
         from agentgym.policies.models import load_tokenizer, resolve_model
 
@@ -121,7 +151,12 @@ class RLRecipe:
         self.policies = list(self.paths)
         self.trainers = build_trainers(cfg.model, self.paths, algorithm="grpo", optim=cfg.optim, loss=cfg.loss,
                                        batches=policy_batches(cfg.run.steps, self.policies, cfg.multi.schedule),
-                                       seed=cfg.run.seed, shared_base=cfg.multi.shared_base, kl_coef=cfg.loss.kl_coef)
+                                       seed=cfg.run.seed, shared_base=cfg.multi.shared_base, kl_coef=cfg.loss.kl_coef,
+                                       sharding=cfg.trainer, ranks=self.ranks)
+        if not self.main:  # sharded, rank > 0: no services, no eval policy, no folder; resume and train in step
+            self._resume()
+            self.logger = QuietLogger()
+            return
         r = cfg.rollout
         dtype = r.rollout_dtype or ("bfloat16" if r.backend == "vllm" else cfg.model.dtype)
         # the one publisher per policy encodes in the rollout policies' dtype (agentgym.weights)
@@ -142,20 +177,50 @@ class RLRecipe:
             self.runtime.flow.group_observers.append(GroupLog(self.folder.path / "groups.jsonl", self))
         self.services = self.service_specs(make_env)
         # resume, or a fresh curve
-        ck = latest_checkpoint(self.folder.path) if cfg.run.resume else None
-        if ck is None:
-            self.folder.fresh_start()
-        else:
-            state = load_checkpoint(ck, self.trainers)
-            self.step = int(state["step"])
-            self.version = int(state.get("version", 0))
-            self.result = dict(state.get("result", self.result))
-            self._flow_state = state.get("dataflow")
+        ck = self._resume()
         self.logger = MetricsLogger(self.folder.path, cfg.run.steps, tensorboard=cfg.log.tensorboard,
                                     progress=cfg.log.progress, start_step=self.step)
         self.stop.note = self.logger.note
         if ck is not None:
             self.logger.note(f"resumed from {ck} at step {self.step}")
+
+    def _resume(self) -> Any:
+        """Load the newest checkpoint (``run.resume``) or start a fresh curve; returns the checkpoint or ``None``.
+        Sharded: every rank loads its shards and the counters, then gathers the weights into rank 0's copy."""
+        cfg = self.cfg
+        ck = latest_checkpoint(self.folder.path) if cfg.run.resume else None
+        if self.ranks is not None:
+            self.ranks.barrier()  # every rank has looked before rank 0 may drop an old run's files
+        if ck is None:
+            if self.main:
+                self.folder.fresh_start()
+        else:
+            state = load_checkpoint(ck, self.trainers)
+            self.step = int(state["step"])
+            self.version = int(state.get("version", 0))
+            if self.main:
+                self.result = dict(state.get("result", self.result))
+                self._flow_state = state.get("dataflow")
+        if self.ranks is not None:
+            self.gather()  # rank 0's copy starts at the trained (or loaded) weights
+        return ck
+
+    def gather(self) -> Any:
+        """Sharded: the trained tensors (the adapter's only, for LoRA) gathered into rank 0's one-process copy of
+        the model (a collective: every rank calls it; ``None`` off rank 0)."""
+        m = self.cfg.model
+        lora = {"rank": m.lora_rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": m.lora_targets}
+        self.whole = gathered_trainer(self.trainers[self.policies[0]], m.path, m.dtype, lora, into=self.whole,
+                                      trainable_only=True)
+        return self.whole
+
+    @property
+    def sources(self) -> dict[str, Any]:
+        """What publishing, evaluation and ``final/`` read the weights from: the trainers, or (sharded) rank 0's
+        gathered copy (an object with ``model`` and ``adapter``, like a trainer)."""
+        if self.ranks is None:
+            return dict(self.trainers)
+        return {self.policies[0]: self.whole}
 
     def service_specs(self, make_env: Callable[[str], Any]) -> list[Any]:
         """One spec per rollout service: each builds its own policies where it runs (a Ray actor too), except
@@ -185,6 +250,8 @@ class RLRecipe:
             return asyncio.run(self._train())
 
     async def _train(self) -> dict[str, Any]:
+        if not self.main:
+            return await self._loop()
         await self.start_rollout()
         try:
             return await self._loop()
@@ -193,7 +260,7 @@ class RLRecipe:
 
     async def start_rollout(self) -> None:
         """Start the runtime and its services; a resumed run brings every service to its weights first."""
-        full = resume_state(self.version, self.publishers, self.trainers) if self.version else None
+        full = resume_state(self.version, self.publishers, self.sources) if self.version else None
         if self._flow_state is not None:
             await self.runtime.load_state_dict(self._flow_state)
         await self.runtime.start()
@@ -205,20 +272,23 @@ class RLRecipe:
         assert logger is not None
         t_run = time.monotonic()
         self.stop.start()
-        if cfg.eval.before and self.step == 0 and "before" not in self.result:
+        if cfg.eval.before and self.step == 0 and "before" not in self.result and self.main:
             self.result["before"] = await self.evaluate("before")
             logger.log(0, {"eval": eval_metrics(self.result["before"])})
         while self.step < cfg.run.steps and not self.stop.requested:
-            rec = await self.rl_step()
+            rec = await self.rl_step() if self.main else self.follower_step()
             self.step += 1
-            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.run.steps:
+            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.run.steps and self.main:
                 rec["eval"] = eval_metrics(await self.evaluate(f"step-{self.step:06d}"))
             rec["elapsed_s"] = time.monotonic() - t_run
             rec["mem"] = memory_metrics()
             flat = logger.log(self.step - 1, rec) if (self.step - 1) % cfg.log.log_every == 0 else rec
-            if self.on_step is not None:
+            if self.on_step is not None and self.main:
                 self.on_step(flat)
             over_budget = self.stop.over_budget() and self.step < cfg.run.steps
+            if self.ranks is not None:  # the ranks stop together: rank 0's clock, a Ctrl-C on any rank
+                over, stop = self.ranks.max([float(over_budget and self.main), float(self.stop.requested)])
+                over_budget, self.stop.requested = bool(over), bool(stop)
             if over_budget:
                 logger.note(f"time budget of {cfg.run.time_budget_s:.0f} s spent after step {self.step} of "
                             f"{cfg.run.steps}: stopping")
@@ -231,6 +301,9 @@ class RLRecipe:
         if self.stop.requested:
             self.result["interrupted_at_step"] = self.step
             return self.result
+        if not self.main:  # rank > 0: the last checkpoint's shards; rank 0 evaluates and writes the rest
+            await self.checkpoint()
+            return self.result
         if cfg.eval.after:
             self.result["after"] = await self.evaluate("after")
             logger.log(cfg.run.steps, {"eval": eval_metrics(self.result["after"])})
@@ -238,11 +311,13 @@ class RLRecipe:
         self.result["steps"] = self.step
         self.result["lr_schedule"] = {pid: {"horizon": tr.horizon, "spent": tr.schedule_pos, "optimizer_steps": tr.steps}
                                       for pid, tr in self.trainers.items()}
+        if self.ranks is not None:
+            self.result["world_size"] = self.ranks.world
         st = await self.runtime.stats()
         self.result["dataflow"] = {k: st.get(k) for k in ("groups", "task_stream", "replay")}
         self.result["dataflow"]["gates"] = flow_counters(st)["gates"]
         await self.checkpoint()
-        self.folder.save_final(self.trainers, self.tokenizer, shared_base=self.cfg.multi.shared_base)
+        self.folder.save_final(self.sources, self.tokenizer, shared_base=self.cfg.multi.shared_base)
         return self.result
 
     # ================================================================== one step
@@ -270,6 +345,11 @@ class RLRecipe:
         results = await asyncio.gather(*(self.train_policy(pid, batches[pid], parallel) for pid in pids))
         per = dict(zip(pids, results, strict=True))
         updated = [pid for pid, m in per.items() if m["train"].get("optimizer_steps", 0) > 0]
+        if self.ranks is not None:  # with every rank: the new weights into rank 0's copy, published from there
+            if self.agreed_update(bool(updated)):
+                self.gather()
+            else:
+                updated = []
         t2 = time.monotonic()
         rec: dict[str, Any] = {}
         if updated:
@@ -298,29 +378,58 @@ class RLRecipe:
         samples, stats = samples_from_groups(
             [g for g, _ in pairs], pid, group_weights=[w for _, w in pairs], estimator=cfg.advantage.estimator,
             eps=cfg.advantage.eps, mask_truncated=f.mask_truncated, overlong_max_tokens=f.overlong_max_tokens,
-            overlong_buffer=f.overlong_buffer, overlong_penalty_value=f.overlong_penalty)
+            overlong_buffer=f.overlong_buffer, overlong_penalty_value=f.overlong_penalty,
+            keep_zero_advantage=f.keep_zero_advantage)
         m: dict[str, Any] = {"rollout": stats.to_metrics(),
                              "dataflow": {"groups": len(batch.groups), "replayed": len(batch.replayed),
                                           "filtered": batch.filtered, "expired": batch.expired, "wait_s": batch.wait_s,
                                           "replay_weight_mean": (sum(batch.replay_weights) / len(batch.replay_weights)
                                                                  if batch.replay_weights else None),
                                           "staleness_max": max((self.version - v for v in batch.versions), default=0)}}
+        if self.ranks is not None:  # every rank trains on its share of each global mini-batch of these samples
+            self.share_samples(samples)
         if not samples:  # no update; the batch still spends its share of the learning-rate schedule
             why = (f"every group was filtered: {batch.filtered} dropped by the dataflow filters; of the "
                    f"{stats.groups} in the batch, {stats.zero_variance_groups} zero-variance, "
                    f"{stats.early_stopped_groups} early-stopped, {stats.error_episodes} lost episodes")
-            m["train"] = {**tr.train_on([]), "skipped": "all groups filtered", "skip_reason": why}
+            m["train"] = {**tr.train_on([], whole_batch=True), "skipped": "all groups filtered", "skip_reason": why}
+        elif self.ranks is not None:
+            m["train"] = tr.train_on(samples, whole_batch=True)
         elif in_thread:
             m["train"] = await asyncio.to_thread(tr.train_on, samples)
         else:
             m["train"] = tr.train_on(samples)
         return m
 
+    # ================================================================== sharded: what every rank does in step
+    def share_samples(self, samples: list[TrainSample] | None) -> list[TrainSample]:
+        """Rank 0's samples of this step on every rank (a collective; rank 0 passes them, the others ``None``):
+        plain data, JSON bytes broadcast as a tensor, nothing pickled. An empty list is sent too."""
+        assert self.ranks is not None
+        data = broadcast_bytes(self.ranks, encode_samples(samples) if self.main and samples is not None else None)
+        return list(samples or []) if self.main else decode_samples(data)
+
+    def agreed_update(self, updated: bool) -> bool:
+        """Whether the step updated the weights, agreed over the ranks (they all gather, or none does)."""
+        assert self.ranks is not None
+        return bool(self.ranks.max([float(updated)])[0])
+
+    def follower_step(self) -> dict[str, Any]:
+        """A step of a rank other than 0: rank 0's samples, this rank's share of each global mini-batch, and
+        the gathering of the new weights; the collectives in :meth:`rl_step`'s order."""
+        tr = self.trainers[self.policies[0]]
+        m = tr.train_on(self.share_samples(None), whole_batch=True)
+        if self.agreed_update(m.get("optimizer_steps", 0) > 0):
+            self.gather()
+            self.version += 1
+        return {"train": m, "version": self.version}
+
     # ================================================================== publish, evaluate, checkpoint
     async def publish(self, version: int) -> dict[str, Any]:
         """Send every trainer's new weights as ``version`` to the rollout services (the one place weights
-        leave this recipe; a service that is behind gets the full state, one that cannot apply it is taken out)."""
-        out = await publish_weights(version, self.publishers, self.trainers, self.runtime, {})
+        leave this recipe; a service that is behind gets the full state, one that cannot apply it is taken out).
+        Sharded: from rank 0's gathered copy."""
+        out = await publish_weights(version, self.publishers, self.sources, self.runtime, {})
         return out if len(out) != 1 else next(iter(out.values()))
 
     async def evaluate(self, stage: str) -> dict[str, Any]:
@@ -331,7 +440,7 @@ class RLRecipe:
         policy = self.eval_policies[pid]
         lent = self.cfg.eval.share_rollout_engine  # service 0's policy: published to with every step
         if not lent and self.version > getattr(policy, "weight_version", 0):
-            tr = self.trainers[pid]
+            tr = self.sources[pid]
             full = WeightPublisher(self.publishers[pid].dtype).publish(trainable_state(tr.model, tr.adapter), self.version)
             await asyncio.to_thread(full.deliver, policy)
         res = await evaluate(policy, self.cfg.eval, self.cfg.rollout, self.folder.path / "eval" / stage)
@@ -340,17 +449,20 @@ class RLRecipe:
         return res
 
     async def checkpoint(self) -> None:
-        flow = await self.runtime.state_dict()
+        """Sharded: every rank writes its shards; rank 0 the metadata (the dataflow's state included)."""
+        flow = await self.runtime.state_dict() if self.main else None
         save_checkpoint(self.folder.path, self.step, self.trainers,
                         {"version": self.version, "result": self.result, "data_position": self.step, "dataflow": flow,
-                         "algorithm": "grpo"}, keep=self.cfg.run.keep_checkpoints)
+                         "algorithm": "grpo"}, keep=self.cfg.run.keep_checkpoints, ranks=self.ranks)
 
     # ================================================================== cleanup
     def cleanup(self) -> None:
         """Close the eval engines, draw the curves, write result.json; release the run folder (the services
-        stopped with the runtime at the end of :meth:`train`)."""
+        stopped with the runtime at the end of :meth:`train`). Sharded: every rank leaves the process group."""
+        if self.ranks is not None:
+            close_ranks()
         if not self.folder.locked:
-            return  # setup never got the folder: nothing of ours is in it
+            return  # setup never got the folder (or this is not rank 0): nothing of ours is in it
         try:
             if self.logger is not None:
                 self.logger.close()

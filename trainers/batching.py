@@ -29,8 +29,10 @@ sample's first token (the previous sample's last position predicting it) is neve
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -39,8 +41,8 @@ from agentgym.types import TrajectoryGroup
 
 from .advantages import Estimator, group_advantages, overlong_penalty
 
-__all__ = ["BatchStats", "MicroBatch", "TrainSample", "collate", "collate_packed", "pack_micro_batches", "pack_rows",
-           "samples_from_groups"]
+__all__ = ["BatchStats", "MicroBatch", "TrainSample", "collate", "collate_packed", "decode_samples", "encode_samples",
+           "pack_micro_batches", "pack_rows", "samples_from_groups"]
 
 
 @dataclass
@@ -348,3 +350,39 @@ def collate_packed(samples: Sequence[TrainSample], rows: Sequence[Sequence[int]]
             at += n
         pos[r, at:] = torch.arange(width - at)  # the padding: a block of its own
     return MicroBatch(ids, att, tmask, adv, blp, w, [i for row in rows for i in row], pos)
+
+
+# ---------------------------------------------------------------------- samples as plain data
+_SAMPLE_FIELDS = tuple(f.name for f in fields(TrainSample))
+
+
+def encode_samples(samples: Sequence[TrainSample]) -> bytes:
+    """``samples`` as JSON bytes (plain data, no pickle): what rank 0 of a sharded RL run sends the other ranks.
+    Floats survive exactly (``repr`` round-trips); non-finite ones are written as strings."""
+
+    def num(x: Any) -> Any:
+        x = x.item() if hasattr(x, "item") else x
+        return x if not isinstance(x, float) or math.isfinite(x) else repr(x)
+
+    rows = [[s.policy_id, [int(t) for t in s.token_ids], [int(m) for m in s.loss_mask], num(float(s.advantage)),
+             None if s.logprobs is None else [num(float(v)) for v in s.logprobs], [int(v) for v in s.versions],
+             num(float(s.reward)), str(s.group_id), num(float(s.weight))] for s in samples]
+    return json.dumps({"fields": list(_SAMPLE_FIELDS), "samples": rows}, separators=(",", ":")).encode()
+
+
+def decode_samples(data: bytes) -> list[TrainSample]:
+    """The inverse of :func:`encode_samples` (JSON only: nothing in ``data`` is executed)."""
+    obj: dict[str, Any] = json.loads(data.decode()) if data else {"fields": list(_SAMPLE_FIELDS), "samples": []}
+    if tuple(obj.get("fields", ())) != _SAMPLE_FIELDS:
+        raise ValueError(f"samples encoded with fields {obj.get('fields')}, expected {list(_SAMPLE_FIELDS)}")
+
+    def num(x: Any) -> float:
+        return float(x)  # float("nan") / float("inf") for the non-finite ones written as strings
+
+    out = []
+    rows: list[list[Any]] = obj["samples"]
+    for pid, ids, mask, adv, lps, vers, reward, gid, weight in rows:
+        out.append(TrainSample(str(pid), [int(t) for t in ids], [int(m) for m in mask], num(adv),
+                               None if lps is None else [num(v) for v in lps], [int(v) for v in vers], num(reward),
+                               str(gid), num(weight)))
+    return out

@@ -205,6 +205,9 @@ class FilterConfig(ConfigModel):
             their group's baseline).
         overlong_buffer: DAPO soft overlong penalty: an episode whose generated tokens exceed
             ``overlong_max_tokens - overlong_buffer`` loses up to ``overlong_penalty`` linearly.
+        keep_zero_advantage: Samples whose advantage is 0 (every episode of a zero-variance group) still go
+            to the loss (they carry no policy-gradient signal): every kept group trains, so two runs do the
+            same optimizer steps and trained tokens whatever the rewards (timing comparisons at equal work).
     """
 
     dynamic_sampling: bool = True
@@ -214,6 +217,7 @@ class FilterConfig(ConfigModel):
     overlong_max_tokens: int | None = Field(default=None, ge=1)
     overlong_buffer: int = Field(default=0, ge=0)
     overlong_penalty: float = Field(default=1.0, ge=0)
+    keep_zero_advantage: bool = False
 
 
 class OptimConfig(ConfigModel):
@@ -260,7 +264,9 @@ class TrainerConfig(ConfigModel):
     CPU, nccl on CUDA (rank ``r`` on ``cuda:LOCAL_RANK``). Each rank trains on its share of every batch and
     the loss normalisers are summed over the ranks, so N ranks take the step one process takes on the whole
     batch (see :mod:`agentgym.trainers.distributed`). A config that runs on one process runs sharded by
-    changing this table and the launch only.
+    changing this table and the launch only. Both recipes run sharded: SFT, and RL (``run.algorithm = "grpo"``,
+    one policy, full or LoRA; rank 0 owns the rollout services, evaluation and logs, and publishes the weights
+    every rank gathers). Not yet: multi-policy runs (``[multi]``) and a KL reference (``loss.kl_coef > 0``).
 
     Attributes:
         strategy: ``"single"`` (one process, ``[model] device``) or ``"fsdp2"``.
@@ -493,9 +499,9 @@ def _sharding_problems(cfg: TrainConfig) -> list[str]:
     if t.strategy != "fsdp2":
         return []
     out = []
-    if cfg.run.algorithm != "sft":
-        out.append("trainer.strategy: 'fsdp2' runs the SFT recipe so far (run.algorithm = 'sft'); train RL with "
-                   "strategy = 'single'")
+    if cfg.run.algorithm != "sft" and cfg.loss.kl_coef > 0:
+        out.append("loss.kl_coef: the sharded RL recipe has no KL reference model yet; set loss.kl_coef = 0 or "
+                   "train with trainer.strategy = 'single'")
     if m.autocast is not None:
         out.append("model.autocast: FSDP2 casts through its own policy: set trainer.mixed_precision instead")
     if m.gradient_checkpointing:
@@ -508,7 +514,12 @@ def _sharding_problems(cfg: TrainConfig) -> list[str]:
     if not (m.device == "cpu" or m.device.startswith("cuda")):
         out.append(f"model.device: FSDP2 runs on 'cpu' (gloo) or 'cuda' (nccl), not {m.device!r}")
     if cfg.multi.workflow != "none":
-        out.append("multi.workflow: multi-policy runs train with trainer.strategy = 'single' so far")
+        out.append("multi.workflow: multi-policy runs (and their shared base, multi.shared_base) train with "
+                   "trainer.strategy = 'single' so far; the sharded RL recipe trains one policy")
+    if cfg.run.algorithm != "sft" and cfg.dataflow.runtime != "embedded":
+        out.append("dataflow.runtime: the sharded RL recipe runs its rollout services on the embedded runtime (rank "
+                   "0) so far; a Ray trainer group is not built yet: set dataflow.runtime = 'embedded', or train "
+                   "on Ray with trainer.strategy = 'single'")
     return out
 
 

@@ -32,8 +32,9 @@ import torch.distributed as dist
 
 from agentgym.errors import ConfigurationError
 
-__all__ = ["QuietLogger", "Ranks", "close_ranks", "full_state", "gathered_trainer", "init_ranks", "launched",
-           "load_full", "load_sharded", "local_value", "save_sharded", "shard_model"]
+__all__ = ["QuietLogger", "Ranks", "broadcast_bytes", "close_ranks", "full_state", "gather_trainable",
+           "gathered_trainer", "init_ranks", "launched", "load_full", "load_sharded", "local_value", "save_sharded",
+           "shard_model"]
 
 T = TypeVar("T")
 
@@ -79,6 +80,29 @@ class Ranks:
     def barrier(self) -> None:
         dist.barrier()
 
+    @property
+    def comm_device(self) -> torch.device:
+        """Where collectives' tensors live: this rank's GPU under nccl, the CPU under gloo."""
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+
+def broadcast_bytes(ranks: Ranks, data: bytes | None) -> bytes:
+    """Rank 0's ``data`` on every rank (a collective: its length, then its bytes, as ``uint8`` tensors through
+    ``torch.distributed.broadcast``; nothing is pickled). Other ranks pass ``None``."""
+    dev = ranks.comm_device
+    n = torch.tensor([len(data) if ranks.is_main and data is not None else 0], dtype=torch.int64, device=dev)
+    dist.broadcast(n, src=0)
+    size = int(n.item())
+    if size == 0:
+        return b""
+    if ranks.is_main:
+        assert data is not None
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+    else:
+        buf = torch.empty(size, dtype=torch.uint8, device=dev)
+    dist.broadcast(buf, src=0)
+    return data if ranks.is_main and data is not None else buf.cpu().numpy().tobytes()
+
 
 def launched() -> bool:
     """Whether a launcher (``torchrun``) started this process as one rank of a group."""
@@ -104,7 +128,8 @@ def init_ranks(device: str = "cpu", timeout_s: float = 1800.0) -> Ranks:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        # on CUDA, gloo too for the CPU tensors collectives may meet (CPU-offloaded shards and their gradients)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return Ranks(dist.get_rank(), dist.get_world_size(), local, dev)
 
 
@@ -176,6 +201,24 @@ def full_state(model: Any) -> dict[str, torch.Tensor]:
 
     state: dict[str, Any] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state
+
+
+def gather_trainable(trainer: Any) -> dict[str, torch.Tensor]:
+    """The parameters a sharded trainer optimizes (``trainer.params``: every parameter for a full fine-tune, the
+    adapter's LoRA tensors only for LoRA), gathered whole on rank 0 as CPU tensors under their unsharded names;
+    other ranks get an empty dict. A collective: every rank calls it, in the same (parameter) order."""
+    ranks: Ranks = trainer.ranks
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, p in trainer.params:
+            t = p.detach()
+            if hasattr(t, "full_tensor"):
+                if t.device != ranks.comm_device:  # cpu_offload: the shard lives on the host, nccl gathers on the GPU
+                    t = t.to(ranks.comm_device)
+                t = t.full_tensor()
+            if ranks.is_main:
+                out[name] = t.to("cpu", copy=True)
+    return out
 
 
 def local_value(t: Any) -> float:
@@ -277,7 +320,8 @@ def _SafeReader(path: str) -> Any:
 
 
 # ---------------------------------------------------------------------- what rank 0 alone does
-def gathered_trainer(trainer: Any, path: str, dtype: str, lora: dict[str, Any] | None, into: Any = None) -> Any:
+def gathered_trainer(trainer: Any, path: str, dtype: str, lora: dict[str, Any] | None, into: Any = None,
+                     trainable_only: bool = False) -> Any:
     """A one-process copy of a sharded trainer's model, for evaluation and ``final/`` (a collective; ``None``
     except on rank 0).
 
@@ -285,12 +329,15 @@ def gathered_trainer(trainer: Any, path: str, dtype: str, lora: dict[str, Any] |
     settings), or reuses ``into`` (an earlier copy), and loads the gathered full state into it. Returns an object
     with ``model`` and ``adapter``, which :meth:`~agentgym.trainers.run.RunFolder.save_final` and
     :func:`~agentgym.trainers.publish.trainable_state` take like a trainer's.
+
+    ``trainable_only``: gather only what the trainer optimizes (:func:`gather_trainable`: the adapter's tensors
+    for LoRA) into the copy, whose other tensors are the frozen ones loaded from ``path``.
     """
     from types import SimpleNamespace
 
     from .model import add_lora, load_causal_lm
 
-    state = full_state(trainer.model)
+    state = gather_trainable(trainer) if trainable_only else full_state(trainer.model)
     if trainer.ranks is not None and not trainer.ranks.is_main:
         return None
     if into is None:
@@ -298,7 +345,16 @@ def gathered_trainer(trainer: Any, path: str, dtype: str, lora: dict[str, Any] |
         if trainer.adapter is not None:
             plain = add_lora(plain, trainer.adapter, **(lora or {}))
         into = SimpleNamespace(model=plain, adapter=trainer.adapter)
-    into.model.load_state_dict(state)
+    if trainable_only:
+        with torch.no_grad():
+            mine = dict(into.model.named_parameters())
+            missing = set(state) - set(mine)
+            if missing:
+                raise ConfigurationError(f"the gathered copy lacks {sorted(missing)[:3]}")
+            for n, t in state.items():
+                mine[n].copy_(t.to(mine[n].dtype))
+    else:
+        into.model.load_state_dict(state)
     return into
 
 

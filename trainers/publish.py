@@ -9,6 +9,11 @@
 The one publisher encodes (:class:`agentgym.weights.WeightPublisher`: the whole state first, then sparse
 deltas) and the dataflow runtime distributes (:func:`agentgym.dataflow.publish_to`);
 :func:`publish_weights` is the recipe's publish step that composes the three.
+
+**Sharded RL** (``trainer.strategy = "fsdp2"``): every rank gathers the trained tensors (all of them, or the LoRA
+adapter's only: :func:`~agentgym.trainers.distributed.gather_trainable`) into rank 0's one-process copy of the
+model, and rank 0 publishes from that copy through these same functions: the same versions, the whole state
+first, then sparse deltas computed on rank 0 from the gathered tensors.
 """
 
 from __future__ import annotations

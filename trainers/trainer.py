@@ -27,8 +27,12 @@ batch's positions of the schedule).
 (:func:`~agentgym.trainers.distributed.shard_model`), each rank calls :meth:`PolicyTrainer.train_on` with its
 share of the batch, and the loss normalisers, the number of micro-batches, the finiteness of the step and the
 gradient norm are agreed over the ranks (see :mod:`agentgym.trainers.distributed`). With one mini-batch the
-step equals one process's step on the whole batch; with several, each rank shuffles its own share. The loss,
-gradient norm, trained tokens and sequences in the metrics are global; the other statistics are this rank's.
+step equals one process's step on the whole batch. With several (RL's ``loss.mini_batches``), every rank passes
+the whole batch with ``train_on(batch, whole_batch=True)``: the split and shuffle are the one process's, over
+the global batch, with an RNG that is identical on every rank, and each rank trains on its share of each global
+mini-batch, so N ranks take the one process's optimizer steps exactly (the RL recipe does this; SFT passes
+shares, with one mini-batch). The loss, gradient norm, trained tokens and sequences in the metrics are global;
+the other statistics are this rank's.
 """
 
 from __future__ import annotations
@@ -199,8 +203,16 @@ class PolicyTrainer:
         return out
 
     # ------------------------------------------------------------------ one step
-    def train_on(self, samples: Sequence[TrainSample]) -> dict[str, Any]:
+    def train_on(self, samples: Sequence[TrainSample], *, whole_batch: bool = False) -> dict[str, Any]:
         """Train on one batch: ``loss.epochs`` x ``loss.mini_batches`` optimizer steps.
+
+        Args:
+            samples: The batch (sharded: this rank's share of it, unless ``whole_batch``).
+            whole_batch: Sharded only: every rank passes the *whole* batch (the same list, in the same order).
+                The mini-batch split and shuffle are then the one process's (the same RNG, identical on every
+                rank, over the global batch) and each rank trains on its share of every global mini-batch, so
+                N ranks take exactly the optimizer steps one process takes, with several mini-batches too.
+                Without it each rank shuffles and splits its own share (equal with one mini-batch only).
 
         Returns:
             Metrics: loss, grad norm, clip fraction, ratio, KL, entropy, TIS weight, behaviour logprob
@@ -209,7 +221,11 @@ class PolicyTrainer:
         base = self.schedule_pos
         self.schedule_pos += self.steps_per_batch  # the batch's share of the schedule, taken or not
         samples = [s for s in samples if s.policy_id == self.policy_id and s.num_masked > 0]
-        n_global = len(samples) if self.ranks is None else int(self.ranks.sum([len(samples)])[0])
+        whole = whole_batch and self.ranks is not None
+        if self.ranks is None or whole:
+            n_global = len(samples)  # whole: every rank holds the same list
+        else:
+            n_global = int(self.ranks.sum([len(samples)])[0])
         if not n_global:
             return {"optimizer_steps": 0, "skipped": "no samples", "lr": self.lr}
         t0 = time.perf_counter()
@@ -221,6 +237,10 @@ class PolicyTrainer:
         if n_mini > 1:
             self.rng.shuffle(order)
         chunks = [[samples[i] for i in order[k::n_mini]] for k in range(n_mini)]
+        if whole:  # this rank's share of every global mini-batch
+            assert self.ranks is not None
+            chunks = [self.ranks.share(c) for c in chunks]
+            samples = [s for c in chunks for s in c]
         plans = [self._micro_batches(c) for c in chunks]
         reals = [len(p) for p in plans]  # micro-batches past these are a rank's zero-weight padding
         if self.ranks is not None:

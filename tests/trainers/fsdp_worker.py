@@ -1,7 +1,8 @@
 """One rank of the sharded-training tests (``test_fsdp.py`` starts two of these, gloo on localhost).
 
-``python fsdp_worker.py MODEL OUT CASES_JSON``: for each case, trains the tiny model for :data:`STEPS` optimizer
-steps on this rank's share of each batch (:func:`batches`) with ``trainer.strategy = "fsdp2"``, and rank 0 writes
+``python fsdp_worker.py MODEL OUT CASES_JSON``: for each case, trains the tiny model on :data:`STEPS` batches
+(:func:`batches`), on this rank's share of each (or, ``whole_batch``, on its share of each global mini-batch of
+the whole batch) with ``trainer.strategy = "fsdp2"``, and rank 0 writes
 the gathered trained parameters to ``OUT/<case>.safetensors``. :func:`train_single` is the one-process twin the
 test compares them with.
 """
@@ -46,7 +47,8 @@ def build(model_path: str, case: dict[str, Any], ranks: Any = None) -> Any:
     torch.manual_seed(case["seed"])
     mcfg = ModelConfig(path=model_path, finetune=case["finetune"], lora_rank=4, lora_alpha=8.0)
     optim = OptimConfig(lr=case.get("lr", 1e-3), token_budget=64, grad_clip=1.0, eps=1e-6)
-    loss = LossConfig(aggregation=case.get("aggregation", "token-mean"), norm_len=32, tis_cap=None)
+    loss = LossConfig(aggregation=case.get("aggregation", "token-mean"), norm_len=32, tis_cap=None,
+                      mini_batches=case.get("mini_batches", 1))
     sharding = None
     if ranks is not None:
         sharding = TrainerConfig(strategy="fsdp2", mixed_precision=case.get("mixed_precision"),
@@ -76,7 +78,10 @@ def main(model_path: str, out: str, cases_json: str) -> None:
     try:
         for case in json.loads(cases_json):
             tr = build(model_path, case, ranks)
-            ms = [tr.train_on(ranks.share(b)) for b in batches(case["seed"])]
+            if case.get("whole_batch"):  # every rank gets the whole batch (the RL recipe's way)
+                ms = [tr.train_on(b, whole_batch=True) for b in batches(case["seed"])]
+            else:  # every rank gets its share (the SFT recipe's way)
+                ms = [tr.train_on(ranks.share(b)) for b in batches(case["seed"])]
             state = full_state(tr.model)
             if ranks.is_main:
                 save_file(trained(tr, state), str(Path(out) / f"{case['name']}.safetensors"))

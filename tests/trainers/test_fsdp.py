@@ -1,9 +1,11 @@
 """Sharded training (``trainer.strategy = "fsdp2"``): two gloo ranks take exactly the step one process takes.
 
 Two ranks (``fsdp_worker.py``, started here on a free localhost port, bounded by a timeout and killed with their
-process groups whatever happens) train the tiny model for 3 optimizer steps, each on its share of every batch,
-with micro-batching on; one process trains on the whole batches. Their parameters must agree to float32
-round-off: full fine-tune and LoRA, RL losses under each aggregation, and SFT. A per-rank normaliser (each rank
+process groups whatever happens) train the tiny model on 3 batches, each on its share of every batch, with
+micro-batching on; one process trains on the whole batches. Their parameters must agree to float32 round-off:
+full fine-tune and LoRA, RL losses under each aggregation, and SFT; and with 2 PPO mini-batches per batch, where
+the shuffle and split are over the global batch (``train_on(batch, whole_batch=True)``) and each rank trains on
+its share of every global mini-batch. A per-rank normaliser (each rank
 weighting its tokens by its own count) moves the parameters by orders of magnitude more than the tolerance
 (checked by planting it), and a mean of the ranks' gradients instead of their sum shows in the gradient norm.
 """
@@ -34,6 +36,12 @@ CASES: list[dict[str, Any]] = [
     {"name": "lora-sft", "finetune": "lora", "algorithm": "sft", "seed": 4, "lr": 1e-2},
     {"name": "lora-token-mean", "finetune": "lora", "algorithm": "grpo", "aggregation": "token-mean", "seed": 5,
      "lr": 1e-2},
+    # two PPO mini-batches per batch: the split and shuffle are over the global batch (the RL recipe's
+    # whole_batch), so each of the 2 optimizer steps per batch is the one process's
+    {"name": "full-2-mini-batches", "finetune": "full", "algorithm": "grpo", "aggregation": "token-mean", "seed": 8,
+     "mini_batches": 2, "whole_batch": True},
+    {"name": "lora-2-mini-batches", "finetune": "lora", "algorithm": "grpo", "aggregation": "seq-mean", "seed": 9,
+     "lr": 1e-2, "mini_batches": 2, "whole_batch": True},
 ]
 # FSDP's bf16 compute and activation checkpointing: they train, and the first step's loss is one process's
 MIXED: list[dict[str, Any]] = [
@@ -103,7 +111,7 @@ def test_two_ranks_take_the_one_process_step(case: dict[str, Any], tiny_model: s
     assert worst < 2e-3 * moved, (f"{case['name']}: sharded parameters differ from one process's by {worst:.2e} "
                                   f"(the steps moved them by {moved:.2e})")
     for s, m in zip(single_metrics, sharded_metrics, strict=True):
-        assert m["optimizer_steps"] == s["optimizer_steps"] == 1
+        assert m["optimizer_steps"] == s["optimizer_steps"] == case.get("mini_batches", 1)
         assert m["trained_tokens"] == s["trained_tokens"] and m["sequences"] == s["sequences"]
         assert m["loss"] == pytest.approx(s["loss"], rel=1e-4, abs=1e-6)
         assert m["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
@@ -139,8 +147,14 @@ def test_strategy_settings_are_validated() -> None:
     ok = validate_config({**sft, "trainer": {"strategy": "fsdp2", "mixed_precision": "bfloat16",
                                             "activation_checkpointing": True}})
     assert ok.trainer.strategy == "fsdp2"
-    with pytest.raises(ConfigurationError, match="runs the SFT recipe"):
-        validate_config({"trainer": {"strategy": "fsdp2"}})
+    rl = validate_config({"trainer": {"strategy": "fsdp2"}, "model": {"finetune": "lora"}})  # RL runs sharded
+    assert rl.run.algorithm == "grpo" and rl.trainer.strategy == "fsdp2"
+    with pytest.raises(ConfigurationError, match="no KL reference"):
+        validate_config({"trainer": {"strategy": "fsdp2"}, "loss": {"kl_coef": 0.1}})
+    with pytest.raises(ConfigurationError, match="multi-policy runs"):
+        validate_config({"trainer": {"strategy": "fsdp2"}, "multi": {"workflow": "solver_verifier"}})
+    with pytest.raises(ConfigurationError, match="Ray trainer group is not built yet"):
+        validate_config({"trainer": {"strategy": "fsdp2"}, "dataflow": {"runtime": "ray"}})
     with pytest.raises(ConfigurationError, match=r"set trainer\.mixed_precision instead"):
         validate_config({**sft, "trainer": {"strategy": "fsdp2"}, "model": {"autocast": "bfloat16"}})
     with pytest.raises(ConfigurationError, match="cpu_offload"):
@@ -202,3 +216,23 @@ def test_a_tampered_sharded_checkpoint_runs_nothing(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="nothing in it was run"):
         load_sharded(tmp_path / "ck", again, opt2)
     assert not marker.exists()
+
+
+def test_samples_cross_ranks_as_plain_data() -> None:
+    """What rank 0 of a sharded RL run broadcasts: JSON (no pickle), every field back exactly, non-finite
+    floats included."""
+    from agentgym.trainers.batching import TrainSample, decode_samples, encode_samples
+
+    samples = [TrainSample("policy", [5, 6, 7, 8], [0, 1, 1, 0], advantage=-0.123456789012345,
+                           logprobs=[0.0, -1e-310, float("-inf"), 0.1 + 0.2], versions=[-1, 3, 3, -1], reward=1.0,
+                           group_id="g-1", weight=0.75),
+               TrainSample("policy", [9, 10], [0, 1], advantage=float("nan"))]
+    data = encode_samples(samples)
+    assert json.loads(data)["samples"][0][0] == "policy"  # plain JSON
+    back = decode_samples(data)
+    assert [s.token_ids for s in back] == [s.token_ids for s in samples]
+    assert back[0] == samples[0]  # exact floats, -inf included
+    assert math.isnan(back[1].advantage) and back[1].logprobs is None and back[1].versions == []
+    assert decode_samples(encode_samples([])) == [] and decode_samples(b"") == []
+    with pytest.raises(ValueError, match="fields"):
+        decode_samples(json.dumps({"fields": ["policy_id"], "samples": []}).encode())

@@ -113,3 +113,15 @@ def test_collate_pads_right_and_masks() -> None:
     assert math.isclose(float(mb.weights.sum()), 1.0)
     assert mb.padded_tokens == 10 and mb.real_tokens == 8
     assert torch.equal(mb.advantages, torch.tensor([[-1.0], [1.0]]))
+
+
+def test_keep_zero_advantage_trains_a_zero_variance_group() -> None:
+    """``filter.keep_zero_advantage``: a group whose rewards tie still gives samples (advantage 0), so the
+    trainer steps on it; by default it gives none."""
+    from agentgym.trainers.config import validate_config
+
+    g = TrajectoryGroup("g", "t", "env", [_traj(1.0), _traj(1.0, member=1)])
+    assert samples_from_groups([g], "a")[0] == []
+    kept, st = samples_from_groups([g], "a", keep_zero_advantage=True)
+    assert len(kept) == 2 and all(s.advantage == 0.0 for s in kept) and st.zero_variance_groups == 1
+    assert validate_config({"filter": {"keep_zero_advantage": True}}).filter.keep_zero_advantage
