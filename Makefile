@@ -128,8 +128,9 @@ BENCH_FULL := \
 	"benchmarks/bench_strategies.py --seeds 1,2,3 --steps 3" \
 	"benchmarks/bench_strategies.py --arms gate_swept --swept-k 2 --swept-d 0.9 --no-sweep" \
 	"benchmarks/bench_strategies.py --arms baseline_slice4,greso_slice4 --no-sweep" \
-	"benchmarks/bench_dataflow.py --sections async --steps 8" \
-	"benchmarks/bench_dataflow.py --sections multi --steps 3"
+	"benchmarks/bench_dataflow.py --sections async --steps 6 --repeats 3" \
+	"benchmarks/bench_dataflow.py --sections async --steps 6 --repeats 3 --separate" \
+	"benchmarks/bench_dataflow.py --sections multi --steps 4 --repeats 3"
 SMOKE := /tmp/agentgym-bench-smoke
 
 bench: venv

@@ -7,15 +7,22 @@
   no-op that only advances the version, so the figure is the rollout side alone; every
   configuration runs the same number of batches after the same warm-up batch.
 
-* ``async``: the same training config with ``dataflow.max_staleness`` 0 (synchronous), 1, 2 and 4, the
-  same number of optimizer steps each: wall-clock, trained samples/s, training-reward curves side by
-  side, the staleness actually trained on, and the ideal bound for this machine,
-  ``(rollout time + train time) / max(rollout time, train time)`` per step, from the synchronous run.
-* ``multi``: two policies (solver + verifier) trained concurrently (both every step) against
-  alternating (one per step, twice the steps), the same optimizer steps per policy: wall-clock.
+* ``async``: the same GRPO config with ``dataflow.max_staleness`` 0 (synchronous), 1 and 2, the same number of
+  optimizer steps each, ``--repeats`` interleaved rounds. Only steady-state steps are timed (the first
+  ``--warmup`` steps, with the engine start-up and the pipeline filling, are left out), with the CPU-seconds of
+  the whole process tree per step. Two bounds from the synchronous runs: separate resources
+  ``(R + T) / max(R, T)`` (rollout R, train + publish T per step) and shared cores
+  ``(R + T) / max(R, T, C / cores)`` (C: CPU-seconds per step). ``--separate`` runs it with rollout and
+  training on separate cores (the vLLM engine core bound to one, the trainer to the other; written as
+  ``async_separate``), so the runtime's overlap is measured apart from CPU sharing.
+* ``multi``: two policies (solver + verifier) under three schedules, ``--repeats`` interleaved rounds:
+  ``concurrent`` (both train on every rollout batch), ``alternating_kept`` (one policy per step, each
+  episode's tokens kept for the other's next step: the same rollouts, trained tokens and optimizer steps) and
+  ``alternating`` (one policy per step, the other's tokens thrown away: twice the rollouts for the same
+  training). Reported per optimizer step and per trained token, ratios paired by round.
 
 Writes ``benchmarks/results/dataflow.json`` (sections merge into the existing file).
-Run: ``python benchmarks/bench_dataflow.py --sections elastic,async,multi [--quick]``
+Run: ``python benchmarks/bench_dataflow.py --sections elastic,async,multi [--quick] [--separate] [--out FILE]``
 (``--config`` picks the training config of ``async``, ``--multi-config`` that of ``multi``).
 """
 
@@ -27,6 +34,7 @@ import functools
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -157,88 +165,233 @@ async def elastic(quick: bool, latency: float, skip_vllm: bool) -> dict[str, Any
     return out
 
 
-def _train(config: str, out: str, overrides: list[str]) -> tuple[float, list[dict[str, Any]]]:
+class StepClock:
+    """Per-step wall-clock and CPU-seconds of this process and all its children (the vLLM engine core is a child
+    process), sampled at every step's end through the recipe's ``on_step``."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self.marks: list[tuple[float, float]] = [self.mark()]
+        self.rows: list[dict[str, Any]] = []
+
+    def cpu_s(self) -> float:
+        total = 0.0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except Exception:  # a child that just exited
+                continue
+            total += t.user + t.system
+        return total
+
+    def mark(self) -> tuple[float, float]:
+        return time.monotonic(), self.cpu_s()
+
+    def on_step(self, flat: dict[str, Any]) -> None:
+        self.marks.append(self.mark())
+        self.rows.append(flat)
+
+    def steady(self, warmup: int) -> dict[str, Any]:
+        """Wall and CPU seconds per step over the steps after the first ``warmup`` (engine start-up, first
+        compilation and the pipeline filling are outside this window)."""
+        (t0, c0), (t1, c1) = self.marks[warmup], self.marks[-1]
+        n = len(self.marks) - 1 - warmup
+        if n < 1:
+            raise SystemExit(f"--warmup {warmup} leaves no steady steps of {len(self.marks) - 1}")
+        return {"steps": n, "s_per_step": (t1 - t0) / n, "cpu_s_per_step": (c1 - c0) / n}
+
+
+def _train(config: str, out: str, overrides: list[str]) -> tuple[float, StepClock]:
     from agentgym.recipes import run_training
     from agentgym.trainers.config import load_train_config
 
     base = ["run.resume=false", f"run.out_dir={out}", "eval.before=false", "eval.after=false", "log.progress=false",
             "log.plot=false", "run.checkpoint_every=1000"]
     cfg = load_train_config(config, base + overrides)
+    clock = StepClock()
     t0 = time.monotonic()
-    run_training(cfg)
-    wall = time.monotonic() - t0
-    rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return wall, rows
+    run_training(cfg, on_step=clock.on_step)
+    return time.monotonic() - t0, clock
 
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def async_section(config: str, steps: int, staleness: list[int]) -> dict[str, Any]:
-    runs = []
+def _ci(values: list[float], digits: int = 3) -> dict[str, Any]:
+    from agentgym.eval.stats import mean_ci
+
+    r = mean_ci(values)
+    return {"mean": round(r["mean"], digits), "ci95": [round(x, digits) for x in r["ci95"]] if r["ci95"] else None,
+            "values": [round(v, digits) for v in values]}
+
+
+def _ratio(values: list[float]) -> dict[str, Any]:
+    from agentgym.eval.stats import ratio_ci
+
+    r = ratio_ci(values)
+    return {"mean": round(r["mean"], 3), "ci95": [round(x, 3) for x in r["ci95"]] if r["ci95"] else None,
+            "per_round": [round(v, 3) for v in values]}
+
+
+def _rounds(arms: list[Any], repeats: int) -> list[list[Any]]:
+    """Interleaved rounds: every arm once per round, the order rotated from round to round."""
+    return [arms[i % len(arms):] + arms[:i % len(arms)] for i in range(repeats)]
+
+
+def _separate_resources() -> dict[str, Any]:
+    """Rollout and training on separate cores: the vLLM engine core (a child process) binds its threads to
+    core 0 (``VLLM_CPU_OMP_THREADS_BIND``) and this process (the trainer, the envs, the runtime) runs on core 1
+    with one torch thread; undone by the caller."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--separate needs at least 2 cores")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[0])
+    os.sched_setaffinity(0, {cpus[1]})
+    return {"rollout_cores": [cpus[0]], "trainer_cores": [cpus[1]], "restore": cpus}
+
+
+def async_section(config: str, steps: int, staleness: list[int], repeats: int, warmup: int,
+                  separate: bool) -> dict[str, Any]:
+    """Each ``max_staleness`` setting ``repeats`` times, interleaved; steady-state steps only.
+
+    Bounds, from the synchronous runs (rollout R and train + publish T per step, CPU-seconds C per step):
+    separate resources ``(R + T) / max(R, T)``; shared cores ``(R + T) / max(R, T, C / cores)`` (overlap cannot
+    beat the machine's idle CPU time)."""
+    placement: dict[str, Any] = {"mode": "shared cores"}
+    overrides = [f"run.steps={steps}"]
+    if separate:
+        placement = {"mode": "separate cores", **_separate_resources()}
+        overrides += ["run.threads=1"]
+    cores = len(os.sched_getaffinity(0)) if not separate else 1
+    runs: dict[int, list[dict[str, Any]]] = {k: [] for k in staleness}
+    try:
+        for r, order in enumerate(_rounds(staleness, repeats)):
+            for k in order:
+                wall, clock = _train(config, f"runs/bench-dataflow/async-k{k}", [f"dataflow.max_staleness={k}", *overrides])
+                rows = clock.rows
+                st = clock.steady(warmup)
+                tail = rows[warmup:]
+                run = {"round": r, "max_staleness": k, "steps": len(rows), "wall_s": round(wall, 1),
+                       "steady_steps": st["steps"], "s_per_step": round(st["s_per_step"], 2),
+                       "cpu_s_per_step": round(st["cpu_s_per_step"], 2),
+                       "trained_sequences": sum(x.get("train/sequences", 0) or 0 for x in rows),
+                       "reward_curve": [x.get("rollout/reward_mean") for x in rows],
+                       "staleness_max": max((x.get("dataflow/staleness_max", 0) or 0 for x in rows), default=0),
+                       "rollout_wait_s": round(_mean([x.get("time/rollout_s", 0.0) for x in tail]), 2),
+                       "train_s": round(_mean([x.get("time/train_s", 0.0) for x in tail]), 2),
+                       "publish_s": round(_mean([x.get("time/publish_s", 0.0) for x in tail]), 2)}
+                print(f"  round {r} max_staleness={k}: {run['s_per_step']} s/step steady "
+                      f"({run['cpu_s_per_step']} CPU-s/step), staleness trained {run['staleness_max']}", flush=True)
+                runs[k].append(run)
+    finally:
+        if separate:
+            os.sched_setaffinity(0, set(placement["restore"]))
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    sync = runs[staleness[0]]
+    r_s = _mean([x["rollout_wait_s"] for x in sync])
+    t_s = _mean([x["train_s"] + x["publish_s"] for x in sync])
+    c_s = _mean([x["cpu_s_per_step"] for x in sync])
+    sep = (r_s + t_s) / max(r_s, t_s)
+    shared = (r_s + t_s) / max(r_s, t_s, c_s / cores)
+    settings = []
     for k in staleness:
-        wall, rows = _train(config, f"runs/bench-dataflow/async-k{k}", [f"dataflow.max_staleness={k}", f"run.steps={steps}"])
-        samples = sum(r.get("train/sequences", 0) or 0 for r in rows)
-        run = {"max_staleness": k, "steps": len(rows), "wall_s": round(wall, 1),
-               "trained_sequences": samples, "sequences_per_s": round(samples / wall, 3),
-               "reward_curve": [r.get("rollout/reward_mean") for r in rows],
-               "staleness_max": max((r.get("dataflow/staleness_max", 0) or 0 for r in rows), default=0),
-               "rollout_wait_s_mean": round(_mean([r.get("time/rollout_s", 0.0) for r in rows]), 2),
-               "train_s_mean": round(_mean([r.get("time/train_s", 0.0) for r in rows]), 2),
-               "publish_s_mean": round(_mean([r.get("time/publish_s", 0.0) for r in rows]), 2)}
-        tail = [x for x in run["reward_curve"][len(rows) // 2:] if x is not None]
-        run["reward_second_half_mean"] = round(_mean(tail), 4)
-        print(f"  max_staleness={k}: {run['wall_s']} s, {run['sequences_per_s']} seq/s, "
-              f"reward 2nd half {run['reward_second_half_mean']}", flush=True)
-        runs.append(run)
-    sync = runs[0]
-    r_s, t_s = sync["rollout_wait_s_mean"], sync["train_s_mean"] + sync["publish_s_mean"]
-    ideal = (r_s + t_s) / max(r_s, t_s) if max(r_s, t_s) > 0 else None
-    for run in runs:
-        run["speedup_vs_sync"] = round(sync["wall_s"] / run["wall_s"], 3)
-    return {"config": config, "runs": runs, "ideal_speedup_bound": round(ideal, 3) if ideal else None,
-            "ideal_note": "(rollout + train) / max(rollout, train) per synchronous step; on one 2-core machine "
-                          "rollout and training share the same cores, so overlap buys less than on separate GPUs"}
+        speed = _ratio([a["s_per_step"] / b["s_per_step"] for a, b in zip(sync, runs[k], strict=True)])
+        settings.append({"max_staleness": k, "s_per_step": _ci([x["s_per_step"] for x in runs[k]], 2),
+                         "speedup_vs_sync": speed,
+                         "of_separate_bound": round(speed["mean"] / sep, 3),
+                         "of_shared_core_bound": round(speed["mean"] / shared, 3),
+                         "staleness_trained_max": max(x["staleness_max"] for x in runs[k])})
+    return {"config": config, "placement": placement, "repeats": repeats, "warmup_steps": warmup,
+            "steps_per_run": steps, "settings": settings, "runs": [x for k in staleness for x in runs[k]],
+            "sync_step": {"rollout_s": round(r_s, 2), "train_publish_s": round(t_s, 2), "cpu_s": round(c_s, 2),
+                          "cores": cores},
+            "bounds": {"separate_resources": round(sep, 3), "shared_cores": round(shared, 3)},
+            "bounds_note": "from the synchronous runs' steady steps: rollout R, train + publish T, CPU-seconds C "
+                           "of the whole process tree; separate resources (R+T)/max(R,T); shared cores "
+                           "(R+T)/max(R,T,C/cores). Speed-ups: steady s/step of sync over this setting, paired "
+                           "by round (geometric mean, t-interval over rounds)"}
 
 
 def plot_async(res: dict[str, Any], path: Path) -> None:
-    """Training reward per step (left) and against wall-clock (right), one line per ``max_staleness``."""
+    """Training reward per step (left) and against wall-clock (right), one line per ``max_staleness`` (first round)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    seen: set[int] = set()
     for run in res["runs"]:
+        if run["max_staleness"] in seen:
+            continue
+        seen.add(run["max_staleness"])
         ys = run["reward_curve"]
         label = f"max_staleness={run['max_staleness']}" + (" (sync)" if run["max_staleness"] == 0 else "")
         a.plot(range(1, len(ys) + 1), ys, marker=".", label=label)
-        per = run["wall_s"] / max(1, len(ys))  # the runs' step times are even enough for a per-step average
+        per = run["s_per_step"]
         b.plot([per * (i + 1) for i in range(len(ys))], ys, marker=".", label=label)
     a.set_xlabel("optimizer step")
     a.set_ylabel("training reward (mean over the batch)")
-    b.set_xlabel("wall-clock (s, average step time)")
+    b.set_xlabel("wall-clock (s, steady step time)")
     for ax in (a, b):
         ax.grid(alpha=0.3)
     a.legend(fontsize=8)
-    fig.suptitle(f"{res['config']}: synchronous vs asynchronous, same optimizer steps")
+    fig.suptitle(f"{res['config']} ({res['placement']['mode']}): synchronous vs asynchronous, same optimizer steps")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def multi_section(config: str, steps: int) -> dict[str, Any]:
-    out = {}
-    for schedule, n in (("concurrent", steps), ("alternating", 2 * steps)):
-        wall, rows = _train(config, f"runs/bench-dataflow/multi-{schedule}", [f"multi.schedule={schedule}", f"run.steps={n}"])
-        per = {pid: sum(1 for r in rows if (r.get(f"{pid}/train/optimizer_steps") or 0) > 0) for pid in ("solver", "verifier")}
-        out[schedule] = {"steps": len(rows), "wall_s": round(wall, 1), "optimizer_steps": per,
-                         "s_per_optimizer_step_per_policy": round(wall / max(1, min(per.values())), 2)}
-        print(f"  {schedule}: {out[schedule]}", flush=True)
-    out["speedup_concurrent_vs_alternating"] = round(out["alternating"]["wall_s"] / out["concurrent"]["wall_s"], 3)
-    out["config"] = config
+MULTI_ARMS = {
+    # arm: (schedule, recipe steps per N, extra overrides)
+    "concurrent": ("concurrent", 1, []),
+    # one policy per step, each episode's tokens kept for the other policy's next step: the same rollouts,
+    # trained tokens and (two mini-batches per step) optimizer steps per policy as concurrent
+    "alternating_kept": ("alternating_kept", 1, ["loss.mini_batches=2"]),
+    # one policy per step, the other policy's tokens thrown away: twice the rollouts for the same training
+    "alternating": ("alternating", 2, []),
+}
+
+
+def multi_section(config: str, steps: int, repeats: int) -> dict[str, Any]:
+    """Two policies (solver + verifier) under each schedule of :data:`MULTI_ARMS`, ``repeats`` interleaved rounds.
+
+    Per run: the training loop's seconds (setup and model loading excluded: the sum of the steps' ``time/step_s``),
+    rollout groups, optimizer steps and trained tokens per policy; s per optimizer step and per 1k trained tokens.
+    Ratios are paired by round."""
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in MULTI_ARMS}
+    for r, order in enumerate(_rounds(list(MULTI_ARMS), repeats)):
+        for arm in order:
+            schedule, mult, extra = MULTI_ARMS[arm]
+            wall, clock = _train(config, f"runs/bench-dataflow/multi-{arm}",
+                                 [f"multi.schedule={schedule}", f"run.steps={mult * steps}", *extra])
+            rows = clock.rows
+            loop = sum(x.get("time/step_s", 0.0) or 0.0 for x in rows)
+            opt = {p: sum(int(x.get(f"{p}/train/optimizer_steps") or 0) for x in rows) for p in ("solver", "verifier")}
+            tok = {p: sum(int(x.get(f"{p}/train/trained_tokens") or 0) for x in rows) for p in ("solver", "verifier")}
+            groups = sum(int(x.get("rollout_all/groups") or 0) for x in rows)
+            generated = sum(int(x.get("rollout_all/generated_tokens") or 0) for x in rows)
+            run = {"round": r, "arm": arm, "schedule": schedule, "recipe_steps": len(rows), "wall_s": round(wall, 1),
+                   "loop_s": round(loop, 1), "rollout_groups": groups, "generated_tokens": generated, "optimizer_steps": opt, "trained_tokens": tok,
+                   "s_per_optimizer_step": round(loop / max(1, sum(opt.values())), 2),
+                   "s_per_1k_trained_tokens": round(1000 * loop / max(1, sum(tok.values())), 2)}
+            print(f"  round {r} {arm}: {run}", flush=True)
+            runs[arm].append(run)
+    out: dict[str, Any] = {"config": config, "steps": steps, "repeats": repeats, "runs": [x for a in runs for x in runs[a]]}
+    for arm in MULTI_ARMS:
+        out[arm] = {k: _ci([x[k] for x in runs[arm]], 2) for k in ("loop_s", "s_per_optimizer_step",
+                                                                 "s_per_1k_trained_tokens")}
+    for base in ("alternating_kept", "alternating"):
+        out[f"concurrent_vs_{base}"] = {
+            k: _ratio([b[k] / c[k] for b, c in zip(runs[base], runs["concurrent"], strict=True)])
+            for k in ("s_per_optimizer_step", "s_per_1k_trained_tokens")}
+    out["note"] = ("concurrent vs alternating (tokens thrown away, twice the rollouts): the gain from sharing "
+                   "rollouts between the policies; concurrent vs alternating_kept (the same rollouts and trained "
+                   "tokens): what training both policies in one step adds beyond that")
     return out
 
 
@@ -258,13 +411,19 @@ def main() -> None:
     ap.add_argument("--config", default="configs/train/bench-async.toml", help="training config of the async section")
     ap.add_argument("--multi-config", default="configs/train/bench-multi.toml")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per async run (multi: per policy)")
-    ap.add_argument("--staleness", default="0,1,2,4")
+    ap.add_argument("--staleness", default="0,1,2")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (async, multi)")
+    ap.add_argument("--warmup", type=int, default=2, help="async: steps left out of the steady-state timing")
+    ap.add_argument("--separate", action="store_true",
+                    help="async: the vLLM engine on one core, the trainer on another (written as async_separate)")
+    ap.add_argument("--out", default=str(RESULTS), help="the JSON (sections merge into it)")
     ap.add_argument("--plot-only", action="store_true", help="run nothing: redraw the async curves from the JSON")
     args = ap.parse_args()
-    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    out = Path(args.out)
+    results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     if args.plot_only:
-        if "async" in results:
-            plot_async(results["async"], PLOT)
+        if "async" in results and "settings" in results["async"]:
+            plot_async(results["async"], out.with_name(PLOT.name))
         return
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     for section in args.sections.split(","):
@@ -274,24 +433,23 @@ def main() -> None:
         if section == "elastic":
             res = asyncio.run(elastic(args.quick, args.latency, args.skip_vllm))
         elif section == "async":
-            res = async_section(args.config, args.steps or (3 if args.quick else 12),
-                                [int(x) for x in args.staleness.split(",")])
+            res = async_section(args.config, args.steps or (3 if args.quick else 6),
+                                [int(x) for x in args.staleness.split(",")], args.repeats,
+                                min(args.warmup, 1) if args.quick else args.warmup, args.separate)
         elif section == "multi":
-            res = multi_section(args.multi_config, args.steps or (2 if args.quick else 6))
+            res = multi_section(args.multi_config, args.steps or (2 if args.quick else 4), args.repeats)
         else:
             raise SystemExit(f"unknown section {section!r}")
-        res["command"] = (f"python benchmarks/bench_dataflow.py --sections {section}" + (" --quick" if args.quick else "")
-                          + (f" --steps {args.steps}" if args.steps and section != "elastic" else "")
-                          + (f" --staleness {args.staleness}" if section == "async" and args.staleness != "0,1,2,4" else "")
-                          + (" --skip-vllm" if section == "elastic" and args.skip_vllm else ""))
+        res["command"] = "python " + " ".join(sys.argv)
         res["loadavg_start_end"] = [t0[0], os.getloadavg()[0]]
         res["provenance"] = prov.finish()
-        results[section] = res
+        key = "async_separate" if section == "async" and args.separate else section
+        results[key] = res
         if section == "async":
-            plot_async(res, PLOT)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+            plot_async(res, out.with_name(PLOT.name if key == "async" else "dataflow_async_separate.png"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")  # after each section: a later failure keeps it
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
