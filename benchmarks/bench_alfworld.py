@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PEER_PY = ROOT / ".venv-peers-alfworld" / "bin" / "python"
 OUT = ROOT / "benchmarks" / "results" / "alfworld.json"
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
+
 
 def _best(fn: Any, rounds: int = 3) -> float:
     return max(fn() for _ in range(rounds))
@@ -241,8 +244,10 @@ def main() -> None:
 
     # the peer runs ~10 steps/s: 20 games x 50 steps is ~1,000 measured steps (100 s), not a handful
     steps, resets, n_games, per_scene = (20_000, 500, 3, 20) if args.quick else (100_000, 2_000, 20, 50)
+    peer_on = not args.no_peer and PEER_PY.exists()
+    prov = Provenance.start(peers={"alfworld": PEER_PY} if peer_on else {}, packages=["alfworld", "textworld"])
     result: dict[str, Any] = {
-        "command": "python benchmarks/bench_alfworld.py" + (" --quick" if args.quick else ""),
+        "command": "python " + " ".join(sys.argv),
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_start": os.getloadavg(),
                     "note": "native figures are the best of 3 rounds; the peer's are one pass over many games"},
@@ -254,7 +259,7 @@ def main() -> None:
         print(f"  {k:34s} {v}")
 
     peer: dict[str, Any] | None = None
-    if not args.no_peer and PEER_PY.exists():
+    if peer_on:
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 scenes = export_scenes(n_games, Path(tmp))
@@ -303,6 +308,7 @@ def main() -> None:
             rs = result["native_same_scenes"]["resets_per_s"] / peer["resets_per_s_load_and_reset"]
             result["speedup"] = {"steps": round(sp), "resets": round(rs)}
             print(f"speedup: steps x{sp:,.0f}, resets x{rs:,.0f}")
+    result["provenance"] = prov.finish()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)}")

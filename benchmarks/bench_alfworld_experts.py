@@ -46,6 +46,9 @@ MODEL = Path.home() / ".cache" / "agentgym" / "models" / "smollm2-135m-instruct"
 TRAIN_TURNS = 30  # configs/train/alfworld-{sft,grpo}.toml: [rollout] max_turns
 ENV_LIMIT = 50  # agentgym/ALFWorld-v0's registered max_episode_steps
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
+
 
 def wilson(k: int, n: int) -> list[float]:
     if n == 0:
@@ -328,6 +331,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the first 300 train tasks instead of all 3,553")
     ap.add_argument("--rounds", type=int, default=5, help="speed rounds per expert")
     args = ap.parse_args()
+    prov = Provenance.start()
     import transformers
     from agentgym.envs.alfworld.env import ALFWorldEnv
 
@@ -338,7 +342,7 @@ def main() -> None:
     if args.quick:
         splits["train"] = splits["train"][:300]
     result: dict[str, Any] = {
-        "command": "python benchmarks/bench_alfworld_experts.py " + " ".join(sys.argv[1:]),
+        "command": "python " + " ".join(sys.argv),
         "argv": sys.argv,
         "versions": {"python": platform.python_version(), "agentgym": getattr(agentgym, "__version__", "?"),
                      "transformers": transformers.__version__},
@@ -356,6 +360,7 @@ def main() -> None:
     print("speed ...", flush=True)
     result["speed"] = speed_section(splits["train"][:300], args.rounds)
     result["machine"]["loadavg_end"] = os.getloadavg()
+    result["provenance"] = prov.finish()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)}")

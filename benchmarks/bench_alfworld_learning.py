@@ -53,6 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the real run's command runner: every benchmark runs the CLI alike
 from bench_real_run import RESULTS, ROOT, sh
+from provenance import Provenance
 
 EXP = "alfworld_learning"
 RUN = ROOT / "runs" / "alfworld-learning"
@@ -431,6 +432,29 @@ def _machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg(), "versions": vers}
 
 
+def record_invocation(res: dict[str, Any], prov: Provenance, disk: dict[str, Any] | None = None) -> None:
+    """``res["provenance"]``: one record per invocation that has written this (resumable) JSON, oldest first.
+
+    This invocation's record (``prov``, finished anew at every save: its end date and load are the latest
+    save's) replaces its own earlier copy; every other invocation's, in ``res`` or in ``disk`` (the file as
+    another driver may have saved it since), is kept. A single record from an older layout becomes the first.
+    """
+    mine = prov.finish()
+    mine.setdefault("pid", os.getpid())  # two drivers started in the same second with the same argv stay apart
+
+    def key(r: dict[str, Any]) -> str:
+        return json.dumps([r.get("argv"), r.get("cwd"), r.get("date_start"), r.get("pid")], default=str)
+
+    merged: dict[str, dict[str, Any]] = {}
+    for src in (res, disk or {}):
+        old = src.get("provenance")
+        for r in [old] if isinstance(old, dict) else old if isinstance(old, list) else []:
+            if isinstance(r, dict):
+                merged.setdefault(key(r), r)
+    merged[key(mine)] = mine
+    res["provenance"] = sorted(merged.values(), key=lambda r: str(r.get("date_start") or ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="128", help="expert transcript counts, one SFT arm each (sft-N)")
@@ -445,6 +469,7 @@ def main() -> None:
                     "kept by --clean")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON from what finished")
     args = ap.parse_args()
+    prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     res.setdefault("collections", {})
@@ -453,18 +478,18 @@ def main() -> None:
     t0 = time.monotonic()
     if args.base and not (args.summarize and not _complete(RUN / "base" / "eval-after")):
         res["arms"]["base"] = base()
-        _save(res, path, args)
+        _save(res, path, args, prov)
     for n in sizes:
         arm = f"sft-{n}"
         if args.summarize and not (RUN / arm / "eval-after" / "summary.json").exists():
             continue
         res["collections"][f"expert-{n}"] = collect_expert(n)
         res["arms"][arm] = sft(arm, [RUN / f"expert-{n}.jsonl"])
-        _save(res, path, args)
+        _save(res, path, args, prov)
     if args.dagger_from:
         n = int(args.dagger_from.split("-")[1])
         res["arms"][f"dagger-{args.dagger_from}"] = dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap)
-        _save(res, path, args)
+        _save(res, path, args, prov)
     if args.clean:
         keep = {args.dagger_from, *args.keep_final.split(",")}
         for arm in res["arms"]:
@@ -472,15 +497,17 @@ def main() -> None:
                 shutil.rmtree(RUN / arm / "checkpoints", ignore_errors=True)
                 if arm not in keep:
                     shutil.rmtree(RUN / arm / "final", ignore_errors=True)
-    _save(res, path, args)
+    _save(res, path, args, prov)
     print(f"wrote {path} ({time.monotonic() - t0:.0f} s)")
 
 
-def _save(res: dict[str, Any], path: Path, args: argparse.Namespace) -> None:
+def _save(res: dict[str, Any], path: Path, args: argparse.Namespace, prov: Provenance) -> None:
+    disk: dict[str, Any] = {}
     if path.exists():  # another driver (e.g. a later size, started while this one evaluated) may have saved since
         disk = json.loads(path.read_text())
         for k in ("collections", "arms"):
             res[k] = {**disk.get(k, {}), **res[k]}
+    record_invocation(res, prov, disk)
     arms = sorted(res["arms"])
     sizes = sorted((int(a.split("-")[1]), a) for a in arms if re.fullmatch(r"sft-\d+", a))
     pairs = [(x, y) for (_, x), (_, y) in itertools.pairwise(sizes)]
@@ -493,7 +520,7 @@ def _save(res: dict[str, Any], path: Path, args: argparse.Namespace) -> None:
                        "template": "SmolLM2's chat template, token-in/token-out sessions",
                        "intervals": "bootstrap over tasks (seeds kept together), paired over (task, seed) for pairs"}
     res["config"] = CONFIG
-    res["command"] = "python " + " ".join(["benchmarks/bench_alfworld_learning.py", *sys.argv[1:]])
+    res["command"] = "python " + " ".join(sys.argv)
     res["argv"] = sys.argv
     res["machine"] = _machine()
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,9 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {"fp32-1t": ("float32", 1), "fp32-2t": ("float32", 2), "bf16-1t": ("bfloat16", 1)}
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
+
 CHILD = r"""
 import json, os, sys, time, torch
 from transformers import AutoModelForCausalLM
@@ -70,6 +73,7 @@ def main() -> None:
     names = [s for s in args.settings.split(",") if s]
     if unknown := set(names) - set(SETTINGS):
         ap.error(f"unknown settings {sorted(unknown)}")
+    prov = Provenance.start()
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     for r in range(args.rounds):
         order = names if r % 2 == 0 else list(reversed(names))
@@ -92,7 +96,8 @@ def main() -> None:
            "runs": runs, "summary": summary, "argv": sys.argv,
            "versions": {"torch": md.version("torch"), "transformers": md.version("transformers")},
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_avg_end": os.getloadavg()}}
+                       "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_avg_end": os.getloadavg()},
+           "provenance": prov.finish()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(out, indent=1))
     for name, s in summary.items():

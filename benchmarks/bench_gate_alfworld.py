@@ -62,8 +62,10 @@ from bench_alfworld_learning import (
     export_outcomes,
     load_outcomes,
     paired_bootstrap,
+    record_invocation,
 )
 from bench_real_run import RESULTS, ROOT, sh
+from provenance import Provenance
 
 EXP = "gate_alfworld"
 RUN = ROOT / "runs" / "gate-alfworld"
@@ -167,9 +169,10 @@ def sweep(groups: list[list[dict[str, Any]]]) -> dict[str, Any]:
                                "recall": round(correct / len(zv), 4) if zv else None,
                                "recall_of_all_zero_variance": round(correct / zv_all, 4) if zv_all else None,
                                "tokens_saved_frac": round(sum(s for _, s in stops) / total, 4) if total else None})
+            auc = _auc(zv, inf)
             per_k.append({"k": k, "decisions": len(decided), "zero_variance": len(zv), "informative": len(inf),
                           "distance_zero_variance": _q(zv), "distance_informative": _q(inf),
-                          "auc": None if _auc(zv, inf) is None else round(_auc(zv, inf), 4), "sweep": points})
+                          "auc": None if auc is None else round(auc, 4), "sweep": points})
         out["views"][view] = per_k
     return out
 
@@ -285,6 +288,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=48, help="train tasks, one group of 8 each")
     ap.add_argument("--temperatures", default="1.0,0.7")
     args = ap.parse_args()
+    prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     res.setdefault("audit", {})
@@ -314,6 +318,7 @@ def main() -> None:
         for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
             for arm in ("baseline", "gate"):
                 res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps)
+                record_invocation(res, prov)
                 path.write_text(json.dumps(res, indent=1, default=str))
     if res.get("training"):
         res["training_summary"] = summarize_training(res, args.start_arm)
@@ -321,9 +326,10 @@ def main() -> None:
                         "stops at T=1.0 (tool-call view excluded: degenerate on text commands)")
     res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "train", "group_size": 8,
                        "max_turns": MAX_TURNS, "max_tokens": 32, "backend": "vllm fp32", "ks": KS, "ds": DS}
-    res["command"] = "python " + " ".join(["benchmarks/bench_gate_alfworld.py", *sys.argv[1:]])
+    res["command"] = "python " + " ".join(sys.argv)
     res["argv"] = sys.argv
     res["machine"] = _machine()
+    record_invocation(res, prov)
     path.write_text(json.dumps(res, indent=1, default=str))
     _plot(res, path.with_suffix(".png"))
     print(json.dumps(res["pick"], indent=1))

@@ -38,6 +38,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "packing.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
+
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -99,6 +102,7 @@ def main() -> None:
     from agentgym.trainers.sft import sft_samples
 
     torch.set_num_threads(args.threads)
+    prov = Provenance.start()
     load_start = os.getloadavg()
     model_path = str(resolve_model("smollm2-135m-instruct"))
     samples, counts = sft_samples(transcripts(args.env, args.episodes), load_tokenizer(model_path))
@@ -135,7 +139,7 @@ def main() -> None:
         loss_diff = max(loss_diff, *(abs(a - b) for a, b in zip(losses["packed"], losses["unpacked"], strict=True)))
     ratios = [p["trained_tokens_per_s"] / u["trained_tokens_per_s"]
               for p, u in zip(runs["packed"], runs["unpacked"], strict=True)]
-    result = {
+    result: dict[str, Any] = {
         "argv": sys.argv, "workload": {"env": args.env, "episodes": args.episodes, "samples": len(samples),
                                        "batch_size": bs, "batches": len(batches), "trained_tokens": counts["trained_tokens"],
                                        "sample_lengths": sorted(len(s) for s in samples), "pack_len": args.pack_len,
@@ -149,6 +153,7 @@ def main() -> None:
                      "python": platform.python_version()},
         "machine": {"cpus": os.cpu_count(), "threads": args.threads, "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg(), "platform": platform.platform()},
+        "provenance": prov.finish(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

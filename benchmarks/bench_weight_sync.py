@@ -54,6 +54,10 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results" / "weight_sync.json"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
+
 TEXTS = [
     ("What is the capital of France?", "The capital of France is Paris."),
     ("Guess a number between 0 and 63.", "<tool_call>{\"name\": \"guess\", \"arguments\": {\"n\": 31}}</tool_call>"),
@@ -382,6 +386,7 @@ def main() -> None:
     from agentgym.policies.models import resolve_model
 
     path = resolve_model("smollm2-135m-instruct")
+    prov = Provenance.start(packages=["safetensors"])
     t0 = time.perf_counter()
     load: dict[str, list[float]] = {"start": _load()}
     steps, replay = training_sparsity(path, args.steps, args.only_replay)
@@ -405,6 +410,7 @@ def main() -> None:
         "vllm_publish": local,
         "hmac": signing,
         "cross_region": cross_region(steps, local),
+        "provenance": prov.finish(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
