@@ -262,10 +262,10 @@ def async_section(config: str, steps: int, staleness: list[int], repeats: int, w
     beat the machine's idle CPU time)."""
     placement: dict[str, Any] = {"mode": "shared cores"}
     overrides = [f"run.steps={steps}"]
+    cores = len(os.sched_getaffinity(0))  # the machine's: rollout and training together use at most these
     if separate:
         placement = {"mode": "separate cores", **_separate_resources()}
         overrides += ["run.threads=1"]
-    cores = len(os.sched_getaffinity(0)) if not separate else 1
     runs: dict[int, list[dict[str, Any]]] = {k: [] for k in staleness}
     try:
         for r, order in enumerate(_rounds(staleness, repeats)):
