@@ -10,7 +10,7 @@ A config file has one table per concern::
     [filter]     DAPO dynamic sampling, overlong penalty, truncated/early-stopped masking
     [optim]      lr, schedule, micro-batch token budget, gradient accumulation, NaN tolerance
     [trainer]    strategy ("single" | "fsdp2": sharded over torch.distributed ranks), FSDP mixed precision,
-                 activation checkpointing, CPU offload
+                 activation checkpointing, CPU offload; procs and resources (a Ray trainer group)
     [data]       SFT transcripts (``algorithm = "sft"``)
     [eval]       held-out evaluation before and after training
     [log]        JSONL (always), TensorBoard, rich progress, PNG curves
@@ -268,6 +268,11 @@ class TrainerConfig(ConfigModel):
     one policy, full or LoRA; rank 0 owns the rollout services, evaluation and logs, and publishes the weights
     every rank gathers). Not yet: multi-policy runs (``[multi]``) and a KL reference (``loss.kl_coef > 0``).
 
+    Launch: under ``torchrun --nproc_per_node N`` the launcher sets the ranks. With ``dataflow.runtime = "ray"``
+    and ``procs = N > 1``, ``agentgym train`` launches the group itself: N Ray actors (a trainer group, placed with
+    ``resources``) that form one process group, each running the recipe as one rank; rank 0's actor owns the
+    rollout services on the same Ray cluster (see :mod:`agentgym.trainers.ray_group`).
+
     Attributes:
         strategy: ``"single"`` (one process, ``[model] device``) or ``"fsdp2"``.
         mixed_precision: FSDP2 only: compute dtype of the sharded model through FSDP's
@@ -277,15 +282,34 @@ class TrainerConfig(ConfigModel):
             (non-reentrant). The single-process equivalent is ``model.gradient_checkpointing``.
         cpu_offload: FSDP2 on CUDA only: keep the sharded parameters, gradients and optimizer state in host
             memory (FSDP's ``CPUOffloadPolicy``); the optimizer steps on the CPU.
+        procs: FSDP2 only: ranks of the trainer group when AgentGym launches it (``dataflow.runtime = "ray"``:
+            one Ray actor per rank). Under ``torchrun`` the launcher sets the world size; ``procs > 1`` must then
+            equal it.
+        resources: Ray resources of each trainer actor, in the syntax of the rollout services'
+            ``dataflow.service_resources`` (``{num_cpus = 1}``, ``{num_gpus = 1}``, ``{memory = 8e9}``, or a
+            custom resource such as ``{node2 = 0.01}``); ``num_cpus`` defaults to 1. Only with
+            ``dataflow.runtime = "ray"`` and ``procs > 1``.
     """
 
     strategy: Literal["single", "fsdp2"] = "single"
     mixed_precision: Literal["bfloat16"] | None = None
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    procs: int = Field(default=1, ge=1)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(k for k, x in v.items() if x < 0)
+        if bad:
+            raise ValueError(f"a trainer actor cannot take a negative amount of {', '.join(bad)}")
+        return v
 
     @model_validator(mode="after")
     def _fsdp_only(self) -> TrainerConfig:
+        if self.strategy == "single" and self.procs > 1:
+            raise ValueError(f"procs = {self.procs}: several ranks train sharded: set strategy = 'fsdp2'")
         if self.strategy == "single":
             for key, on in (("mixed_precision", self.mixed_precision is not None),
                             ("activation_checkpointing", self.activation_checkpointing),
@@ -496,9 +520,13 @@ class TrainConfig(ConfigModel):
 def _sharding_problems(cfg: TrainConfig) -> list[str]:
     """What ``trainer.strategy = "fsdp2"`` does not combine with (yet), each with what to do instead."""
     t, m = cfg.trainer, cfg.model
-    if t.strategy != "fsdp2":
-        return []
+    ray = cfg.dataflow.runtime == "ray"
     out = []
+    if t.resources and not (ray and t.procs > 1):
+        out.append("trainer.resources: places the actors of a Ray trainer group: it needs dataflow.runtime = 'ray' "
+                   "and trainer.procs > 1 (under torchrun the launcher places the ranks)")
+    if t.strategy != "fsdp2":
+        return out
     if cfg.run.algorithm != "sft" and cfg.loss.kl_coef > 0:
         out.append("loss.kl_coef: the sharded RL recipe has no KL reference model yet; set loss.kl_coef = 0 or "
                    "train with trainer.strategy = 'single'")
@@ -516,10 +544,10 @@ def _sharding_problems(cfg: TrainConfig) -> list[str]:
     if cfg.multi.workflow != "none":
         out.append("multi.workflow: multi-policy runs (and their shared base, multi.shared_base) train with "
                    "trainer.strategy = 'single' so far; the sharded RL recipe trains one policy")
-    if cfg.run.algorithm != "sft" and cfg.dataflow.runtime != "embedded":
-        out.append("dataflow.runtime: the sharded RL recipe runs its rollout services on the embedded runtime (rank "
-                   "0) so far; a Ray trainer group is not built yet: set dataflow.runtime = 'embedded', or train "
-                   "on Ray with trainer.strategy = 'single'")
+    if cfg.run.algorithm != "sft" and ray and t.procs == 1:
+        out.append("dataflow.runtime: on Ray the sharded RL recipe runs as a Ray trainer group: set trainer.procs "
+                   "to its ranks (N > 1; agentgym train launches them as Ray actors), or set dataflow.runtime = "
+                   "'embedded' to launch with torchrun")
     return out
 
 

@@ -153,8 +153,28 @@ def test_strategy_settings_are_validated() -> None:
         validate_config({"trainer": {"strategy": "fsdp2"}, "loss": {"kl_coef": 0.1}})
     with pytest.raises(ConfigurationError, match="multi-policy runs"):
         validate_config({"trainer": {"strategy": "fsdp2"}, "multi": {"workflow": "solver_verifier"}})
-    with pytest.raises(ConfigurationError, match="Ray trainer group is not built yet"):
-        validate_config({"trainer": {"strategy": "fsdp2"}, "dataflow": {"runtime": "ray"}})
+    # on Ray the sharded RL recipe runs as a Ray trainer group of trainer.procs actors
+    ray = {"dataflow": {"runtime": "ray"}}
+    with pytest.raises(ConfigurationError, match=r"Ray trainer group: set trainer\.procs"):
+        validate_config({"trainer": {"strategy": "fsdp2"}, **ray})
+    group = validate_config({"trainer": {"strategy": "fsdp2", "procs": 2, "resources": {"num_cpus": 1}}, **ray})
+    assert group.trainer.procs == 2 and group.trainer.resources == {"num_cpus": 1.0}
+    assert TrainerConfig().procs == 1 and TrainerConfig().resources == {}
+    with pytest.raises(ConfigurationError, match="several ranks train sharded"):
+        validate_config({"trainer": {"procs": 2}})
+    with pytest.raises(ConfigurationError, match=r"trainer\.procs"):
+        validate_config({"trainer": {"strategy": "fsdp2", "procs": 0}})
+    with pytest.raises(ConfigurationError, match="negative amount of num_gpus"):
+        validate_config({"trainer": {"strategy": "fsdp2", "procs": 2, "resources": {"num_gpus": -1}}, **ray})
+    for where in ({"trainer": {"strategy": "fsdp2", "procs": 2, "resources": {"num_cpus": 1}}},  # embedded
+                  {"trainer": {"resources": {"node2": 0.01}}, **ray}):  # not a group
+        with pytest.raises(ConfigurationError, match="places the actors of a Ray trainer group"):
+            validate_config(where)
+    from agentgym.trainers.ray_group import actor_options
+
+    assert actor_options({}) == {"num_cpus": 1.0}
+    assert actor_options({"num_cpus": 2, "num_gpus": 1, "node2": 0.01}) == {
+        "num_cpus": 2.0, "num_gpus": 1.0, "resources": {"node2": 0.01}}
     with pytest.raises(ConfigurationError, match=r"set trainer\.mixed_precision instead"):
         validate_config({**sft, "trainer": {"strategy": "fsdp2"}, "model": {"autocast": "bfloat16"}})
     with pytest.raises(ConfigurationError, match="cpu_offload"):

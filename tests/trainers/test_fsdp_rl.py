@@ -72,6 +72,7 @@ max_tokens = 8
 max_turns = 3
 temperature = 1.0
 concurrency = 64
+sampling_seeds = true  # seeded rollouts: the run is the same every time (unseeded, one in several collapses at this lr)
 [advantage]
 estimator = "grpo"
 [loss]
