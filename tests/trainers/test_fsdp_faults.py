@@ -255,7 +255,8 @@ def test_rank_killed_mid_step_fails_fast_and_resumes_exactly(tiny_model: str, tm
     assert last >= KILL_AFTER
     assert last < STEPS and not (run / "final").exists()
     # rank 0's cleanup still writes what it had (the data counts), but no finished run
-    assert "steps" not in json.loads((run / "result.json").read_text())
+    if (run / "result.json").exists():  # written unless torchrun's SIGTERM ended rank 0 before its cleanup
+        assert "steps" not in json.loads((run / "result.json").read_text())
 
     # the same command again: resumes from the newest complete checkpoint and finishes
     code, out = _run(config)
