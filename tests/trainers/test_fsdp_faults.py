@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fsdp_train import _free_port, _transcripts
+from test_fsdp_train import _transcripts
+from torchrun_launch import free_port as _free_port
 
 HERE = Path(__file__).resolve().parent
 STEPS = 10

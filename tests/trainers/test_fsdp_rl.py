@@ -21,20 +21,14 @@ The equality of one sharded step with one process's step (two PPO mini-batches i
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torchrun_launch import torchrun_train
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
@@ -42,10 +36,6 @@ pytestmark = pytest.mark.slow
 LEARN_STEPS = 12  # with 2 mini-batches a step, held-out success is at 100% by step 5
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(tmp: Path, model: str, out: Path, *, steps: int, lr: float, finetune: str = "full",
@@ -102,25 +92,7 @@ strategy = "fsdp2"
     return path
 
 
-def _torchrun(config: Path, *overrides: str, nproc: int = 2, timeout_s: float = 400.0) -> tuple[str, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "agentgym", "train",
-           "--config", str(config), *[a for o in overrides for a in ("--set", o)]]
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1",
-                              "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
-    try:
-        out = p.communicate(timeout=timeout_s)[0]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks: they share its session
-            p.wait()
-        else:
-            with contextlib.suppress(ProcessLookupError):  # a rank torchrun left behind
-                os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-6000:]
-    return out, time.monotonic() - t0
+_torchrun = torchrun_train
 
 
 def _rows(folder: Path) -> list[dict[str, Any]]:

@@ -8,19 +8,14 @@ uninterrupted runs end.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torchrun_launch import torchrun_train
 
 from agentgym.types import Trajectory
 
@@ -29,10 +24,6 @@ KEYS = ["owl", "elk", "yak", "emu"]
 VALUES = ["red", "tan", "blue"]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _transcripts(path: Path) -> Path:
@@ -92,29 +83,7 @@ strategy = "{strategy}"
 
 
 def _torchrun(config: Path, *overrides: str, timeout_s: float = 300.0) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "agentgym", "train",
-           "--config", str(config), *[a for o in overrides for a in ("--set", o)]]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1",
-                              "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
-    try:
-        out = p.communicate(timeout=timeout_s)[0]
-    finally:
-        if p.poll() is None:
-            # torchrun starts each rank in a session of its own, so killing torchrun's group would orphan them:
-            # SIGTERM lets its agent stop the ranks first, then whatever is left of torchrun's group goes
-            p.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=60)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        else:
-            with contextlib.suppress(ProcessLookupError):  # a rank torchrun left behind
-                os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-6000:]
-    return out
+    return torchrun_train(config, *overrides, timeout_s=timeout_s)[0]
 
 
 def _final_weights(folder: Path) -> dict[str, torch.Tensor]:
