@@ -429,9 +429,7 @@ class WeightPublisher:
     def _publish_delta(self, state: Mapping[str, torch.Tensor], version: int) -> Publication:
         assert self.shadow is not None
         whole: dict[str, torch.Tensor] = {}
-        idx: dict[str, torch.Tensor] = {}
-        val: dict[str, torch.Tensor] = {}
-        base: dict[str, int] = {}
+        changes: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         elements = changed = bytes_full = 0
         for k, v in state.items():
             new = self._cast(v)
@@ -449,8 +447,65 @@ class WeightPublisher:
             if _nbytes(i) + _nbytes(x) >= _nbytes(new):
                 whole[k] = new.clone()
             else:
-                base[k] = crc32(old)
-                idx[k], val[k] = i, x
+                changes[k] = (i, x)
+        return self._encode_delta(version, changes, whole, elements, changed, bytes_full)
+
+    def publish_changes(self, changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]], version: int) -> Publication:
+        """Encode ``version`` from changes computed elsewhere: name -> (flat indices, new values in the publish
+        dtype) against the state last published (a sharded trainer's ranks diff their own shards,
+        :class:`agentgym.trainers.shard_delta.ShardDeltas`). A tensor absent from ``changes`` is unchanged. The
+        same update as :meth:`publish` of the new state would encode, without the whole new state at hand.
+
+        Raises:
+            ConfigurationError: nothing was published yet, or a change names a tensor never published, or its
+                indices fall outside it.
+            VersionNotNewer: ``version`` is not newer than the last one published.
+        """
+        check_version(self.version, version)
+        if self.shadow is None:
+            raise ConfigurationError("publish_changes needs a first publish (the whole state) to diff against")
+        t0 = time.perf_counter()
+        import torch
+
+        whole: dict[str, torch.Tensor] = {}
+        kept: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        elements = changed = bytes_full = 0
+        for t in self.shadow.values():
+            elements += t.numel()
+            bytes_full += _nbytes(t)
+        for k, (i, x) in changes.items():
+            old = self.shadow.get(k)
+            if old is None:
+                raise ConfigurationError(f"a change to {k!r}, which was never published")
+            if i.numel() != x.numel() or (i.numel() and (int(i.min()) < 0 or int(i.max()) >= old.numel())):
+                raise ConfigurationError(f"the change to {k!r} does not fit its {old.numel()} elements")
+            if i.numel() == 0:
+                continue
+            changed += i.numel()
+            i = i.to(torch.int32) if old.numel() < 2**31 else i.to(torch.int64)
+            x = x.to("cpu", self._torch_dtype)
+            if _nbytes(i) + _nbytes(x) >= _nbytes(old):
+                new = old.clone()
+                new.view(-1)[i.long()] = x
+                whole[k] = new
+            else:
+                kept[k] = (i, x)
+        pub = self._encode_delta(version, kept, whole, elements, changed, bytes_full)
+        assert pub.report is not None
+        pub.report.encode_s = time.perf_counter() - t0
+        self.version = version
+        self.history.append(pub.report)
+        return pub
+
+    def _encode_delta(self, version: int, changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                      whole: Mapping[str, torch.Tensor], elements: int, changed: int,
+                      bytes_full: int) -> Publication:
+        """The delta update of ``changes`` (sparse) and ``whole`` (tensors sent whole) against the shadow, which
+        then becomes the new state."""
+        assert self.shadow is not None
+        idx = {k: i for k, (i, _) in changes.items()}
+        val = {k: x for k, (_, x) in changes.items()}
+        base = {k: crc32(self.shadow[k]) for k in changes}
         update = WeightUpdate.delta(idx, val, base, whole)
         for k, t in whole.items():  # the shadow becomes the new state (after the base checksums were taken)
             if k in self.shadow and tuple(self.shadow[k].shape) == tuple(t.shape):

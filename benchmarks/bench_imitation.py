@@ -25,7 +25,9 @@ them. Writes ``benchmarks/results/imitation.json``.
 
 Run: ``python benchmarks/bench_imitation.py [--envs search,alfworld] [--search-tasks 96] [--alfworld-tasks 32]``
 (about 75 minutes on 2 cores with the defaults; ``--sft-set``, ``--runs`` and ``--results`` make a tiny
-end-to-end check, see ``make bench-smoke``).
+end-to-end check, see ``make bench-smoke``). ``--resume`` continues an interrupted run across sittings: finished
+collections and evaluated arms are reused, an interrupted arm's training continues from its newest checkpoint
+(its held-out eval reruns whole).
 """
 
 from __future__ import annotations
@@ -44,13 +46,21 @@ from provenance import Provenance
 
 RUN = ROOT / "runs" / "imitation"
 SFT_SETS: list[str] = []  # --sft-set: extra overrides for every SFT stage (a tiny check)
+RESUME: list[bool] = [False]  # --resume: reuse finished collections and arms, continue interrupted ones
 
 
 def collect(env: str, out: Path, *extra: str) -> dict[str, Any]:
-    wall = sh("collect", "--env", env, "--out", str(out), *extra)
+    done = out.with_name(out.name + ".done")  # written after the file is complete
+    if RESUME[0] and done.is_file() and out.is_file():
+        print(f"  reusing {_rel(out)} (--resume)", flush=True)
+        wall = float(done.read_text() or 0.0)
+    else:
+        done.unlink(missing_ok=True)
+        wall = sh("collect", "--env", env, "--out", str(out), *extra)
+        done.write_text(str(wall))
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     labels = [lb for r in rows for lb in (r.get("info", {}).get("labels") or [])]
-    return {"file": str(out.relative_to(ROOT)), "transcripts": len(rows), "wall_s": round(wall, 1),
+    return {"file": _rel(out), "transcripts": len(rows), "wall_s": round(wall, 1),
             "success": round(sum(bool(r.get("success")) for r in rows) / max(1, len(rows)), 4),
             "random_steps": sum(1 for r in rows for a in r.get("info", {}).get("acting", []) if a == "random"),
             "labelled_states": len(labels)}
@@ -63,9 +73,15 @@ def _rel(p: Path) -> str:
 def sft(config: str, out: Path, data: list[Path], eval_sets: list[str], arm: str, results: Path) -> dict[str, Any]:
     """One SFT arm from the base model; its held-out episodes exported as ``imitation/<arm>``."""
     paths = "[" + ",".join(json.dumps(str(p)) for p in data) + "]"
-    sets = ["run.resume=false", f"run.out_dir={out}", f"data.paths={paths}", "eval.before=false", "eval.after=true",
-            *eval_sets, *SFT_SETS]
-    wall = sh("train", "--config", config, *[a for s in sets for a in ("--set", s)])
+    sets = [f"run.resume={'true' if RESUME[0] else 'false'}", f"run.out_dir={out}", f"data.paths={paths}",
+            "eval.before=false", "eval.after=true", *eval_sets, *SFT_SETS]
+    prior = out / "result.json"
+    finished = RESUME[0] and prior.is_file() and "after" in json.loads(prior.read_text() or "{}")
+    if finished:  # --resume: this arm trained and was evaluated in an earlier sitting
+        print(f"  reusing the finished arm {_rel(out)} (--resume)", flush=True)
+        wall = float(json.loads(prior.read_text()).get("train_wall_s", 0.0))
+    else:  # --resume continues an interrupted arm from its newest checkpoint (run.resume)
+        wall = sh("train", "--config", config, *[a for s in sets for a in ("--set", s)])
     res = json.loads((out / "result.json").read_text())
     after = res["after"]
     recompute.export(out / "eval" / "after", "imitation", arm, "after", results=results)
@@ -132,8 +148,12 @@ def main() -> None:
     ap.add_argument("--sft-set", action="append", default=[], help="extra --set for every SFT stage (repeatable)")
     ap.add_argument("--runs", default=str(RUN), help="run folder (default runs/imitation)")
     ap.add_argument("--results", default=str(RESULTS), help="where the JSON and episodes/ go")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue an interrupted run: reuse finished collections and evaluated arms in --runs, "
+                         "resume an arm's training from its newest checkpoint")
     args = ap.parse_args()
     SFT_SETS[:] = args.sft_set
+    RESUME[0] = args.resume
     run, results = Path(args.runs), Path(args.results)
     path = results / "imitation.json"
     out: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}

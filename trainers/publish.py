@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentgym.errors import ConfigurationError
-from agentgym.weights import WeightPublisher, WeightReceiver, WeightUpdate
+from agentgym.weights import Publication, WeightPublisher, WeightReceiver, WeightUpdate
 
 if TYPE_CHECKING:
     from agentgym.dataflow.spec import FlowRuntime
 
-__all__ = ["publish_weights", "resume_state", "trainable_state"]
+__all__ = ["publish_weights", "resume_state", "send_publication", "trainable_state"]
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -70,19 +70,26 @@ async def publish_weights(version: int, publishers: Mapping[str, WeightPublisher
     out: dict[str, Any] = {}
     for pid, pub in publishers.items():
         tr = trainers[pid]
-        publication = pub.publish(trainable_state(tr.model, tr.adapter), version)
-        assert publication.report is not None
-        info = publication.report.to_dict()
-        t0 = time.perf_counter()
-        if runtime is not None:
-            info["services"] = await runtime.publish(pid, publication)
-        pol = eval_policies.get(pid)
-        if pol is not None:
-            info["eval_policy"] = await asyncio.to_thread(publication.deliver, pol)
-        info["apply_s"] = time.perf_counter() - t0
-        info["publish_s"] = info["encode_s"] + info["apply_s"]
-        out[pid] = info
+        out[pid] = await send_publication(pid, pub.publish(trainable_state(tr.model, tr.adapter), version), runtime,
+                                          eval_policies)
     return out
+
+
+async def send_publication(pid: str, publication: Publication, runtime: FlowRuntime | None,
+                           eval_policies: Mapping[str, WeightReceiver]) -> dict[str, Any]:
+    """Send one encoded update of policy ``pid`` to the rollout services and its eval policy (if no service shares
+    it); returns what was sent and each receiver's outcome (:func:`publish_weights`' record for one policy)."""
+    assert publication.report is not None
+    info = publication.report.to_dict()
+    t0 = time.perf_counter()
+    if runtime is not None:
+        info["services"] = await runtime.publish(pid, publication)
+    pol = eval_policies.get(pid)
+    if pol is not None:
+        info["eval_policy"] = await asyncio.to_thread(publication.deliver, pol)
+    info["apply_s"] = time.perf_counter() - t0
+    info["publish_s"] = info["encode_s"] + info["apply_s"]
+    return info
 
 
 def resume_state(version: int, publishers: Mapping[str, WeightPublisher],
