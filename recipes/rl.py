@@ -24,16 +24,20 @@ rloo), ``[loss]`` (clip-higher, token-sum aggregation, KL, truncated importance 
 ``dataflow.max_staleness = 0`` (the default) is the synchronous schedule (roll out a batch, train, publish,
 repeat); ``max_staleness = k`` lets the services run up to ``k`` versions ahead. Same code path.
 
-Sharded (``trainer.strategy = "fsdp2"``, under ``torchrun --nproc_per_node N -m agentgym train ...``; one policy):
-every rank builds its sharded trainer and runs this recipe; rank 0 alone owns the run folder, the dataflow runtime
-and its rollout services, the eval policy, the logs and the checkpoint metadata. Each step rank 0 pulls the batch
-and computes the samples with their advantages, and sends them to every rank as plain data (JSON bytes through
-``torch.distributed.broadcast``; an empty list when it has none, so the ranks stay in step); every rank then
-trains on its share of each *global* mini-batch (``train_on(..., whole_batch=True)``: the one process's step).
-After an update every rank takes part in gathering the trained tensors (the adapter's only, for LoRA) into
-rank 0's one-process copy of the model, from which rank 0 publishes as one process does (same versions; full,
-delta or merged-LoRA updates, the deltas computed on rank 0). Checkpoints are sharded (DCP); rank 0 evaluates
-the gathered copy and writes ``final/`` from it.
+Sharded (``trainer.strategy = "fsdp2"``, under ``torchrun --nproc_per_node N -m agentgym train ...``; one policy,
+or two as separate models with every ``multi.schedule``): every rank builds its sharded trainers and runs this
+recipe; rank 0 alone owns the run folder, the dataflow runtime and its rollout services, the eval policy, the logs
+and the checkpoint metadata. Each step trains the policies ``trained_at`` names (a function of the step, so every
+rank knows them), one after the other in ``self.policies`` order (never side by side: the FSDP collectives of two
+models must not interleave). For each, rank 0 computes the samples with their advantages from its batch (an
+``alternating_kept`` batch merged first, on rank 0 alone) and sends them to every rank as plain data (JSON bytes
+through ``torch.distributed.broadcast``; an empty list when it has none, so the ranks stay in step); every rank
+then trains on its share of each *global* mini-batch (``train_on(..., whole_batch=True)``: the one process's
+step). Which policies updated is agreed over the ranks; every rank then takes part in gathering each updated
+policy's trained tensors (the adapter's only, for LoRA) into rank 0's one-process copy of that policy's model,
+from which rank 0 publishes as one process does (same versions; full, delta or merged-LoRA updates, the deltas
+computed on rank 0). Checkpoints are sharded (DCP, one folder per policy); rank 0 evaluates the gathered copy and
+writes ``final/`` from the copies. One base with two adapters (``multi.shared_base``) is not sharded.
 """
 
 from __future__ import annotations
@@ -124,7 +128,8 @@ class RLRecipe:
         self.stop = StopControl(cfg.run.time_budget_s)
         self._flow_state: dict[str, Any] | None = None
         self.ranks: Ranks | None = None  # sharded (trainer.strategy = "fsdp2"): this rank's place
-        self.whole: Any = None  # sharded: rank 0's one-process copy of the model (publishing, eval, final/)
+        self.whole: dict[str, Any] = {}  # sharded: rank 0's one-process copy of each policy's model (publishing,
+        # eval, final/; None off rank 0)
         self._kept: dict[str, Batch] = {}  # multi.schedule = "alternating_kept": a batch awaiting its policy's step
 
     @property
@@ -205,22 +210,25 @@ class RLRecipe:
             self.gather()  # rank 0's copy starts at the trained (or loaded) weights
         return ck
 
-    def gather(self) -> Any:
-        """Sharded: the trained tensors (the adapter's only, for LoRA) gathered into rank 0's one-process copy of
-        the model (a collective: every rank calls it; ``None`` off rank 0)."""
+    def gather(self, pids: list[str] | None = None) -> dict[str, Any]:
+        """Sharded: the trained tensors (the adapter's only, for LoRA) of ``pids`` (default: every policy) gathered
+        into rank 0's one-process copy of each one's model (a collective: every rank calls it with the same
+        ``pids``; they are gathered in ``self.policies`` order). The copies are ``None`` off rank 0."""
         m = self.cfg.model
         lora = {"rank": m.lora_rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": m.lora_targets}
-        self.whole = gathered_trainer(self.trainers[self.policies[0]], m.path, m.dtype, lora, into=self.whole,
-                                      trainable_only=True)
+        for pid in self.policies:
+            if pids is None or pid in pids:
+                self.whole[pid] = gathered_trainer(self.trainers[pid], self.paths[pid], m.dtype, lora,
+                                                   into=self.whole.get(pid), trainable_only=True)
         return self.whole
 
     @property
     def sources(self) -> dict[str, Any]:
         """What publishing, evaluation and ``final/`` read the weights from: the trainers, or (sharded) rank 0's
-        gathered copy (an object with ``model`` and ``adapter``, like a trainer)."""
+        gathered copies (objects with ``model`` and ``adapter``, like a trainer's), one per policy."""
         if self.ranks is None:
             return dict(self.trainers)
-        return {self.policies[0]: self.whole}
+        return {pid: self.whole[pid] for pid in self.policies}
 
     def service_specs(self, make_env: Callable[[str], Any]) -> list[Any]:
         """One spec per rollout service: each builds its own policies where it runs (a Ray actor too), except
@@ -341,15 +349,17 @@ class RLRecipe:
                     batches[pid] = merge_batches(self._kept.pop(pid), batches[pid])
                 elif pid not in pids:
                     self._kept[pid] = batches[pid]
-        parallel = len(pids) > 1 and not cfg.multi.shared_base  # separate models: train side by side
-        results = await asyncio.gather(*(self.train_policy(pid, batches[pid], parallel) for pid in pids))
-        per = dict(zip(pids, results, strict=True))
+        if self.ranks is not None:  # one policy after the other, in step with every rank (see follower_step)
+            per = {pid: await self.train_policy(pid, batches[pid], False) for pid in pids}
+        else:
+            parallel = len(pids) > 1 and not cfg.multi.shared_base  # separate models: train side by side
+            results = await asyncio.gather(*(self.train_policy(pid, batches[pid], parallel) for pid in pids))
+            per = dict(zip(pids, results, strict=True))
         updated = [pid for pid, m in per.items() if m["train"].get("optimizer_steps", 0) > 0]
-        if self.ranks is not None:  # with every rank: the new weights into rank 0's copy, published from there
-            if self.agreed_update(bool(updated)):
-                self.gather()
-            else:
-                updated = []
+        if self.ranks is not None:  # with every rank: the new weights into rank 0's copies, published from there
+            updated = self.agreed_updates(pids, updated)
+            if updated:
+                self.gather(updated)
         t2 = time.monotonic()
         rec: dict[str, Any] = {}
         if updated:
@@ -409,20 +419,25 @@ class RLRecipe:
         data = broadcast_bytes(self.ranks, encode_samples(samples) if self.main and samples is not None else None)
         return list(samples or []) if self.main else decode_samples(data)
 
-    def agreed_update(self, updated: bool) -> bool:
-        """Whether the step updated the weights, agreed over the ranks (they all gather, or none does)."""
+    def agreed_updates(self, pids: list[str], updated: list[str]) -> list[str]:
+        """Which of the step's trained ``pids`` updated their weights, agreed over the ranks (every rank then
+        gathers the same policies, in the same order); ``updated``: those that did on this rank."""
         assert self.ranks is not None
-        return bool(self.ranks.max([float(updated)])[0])
+        agreed = self.ranks.max([float(pid in updated) for pid in pids])
+        return [pid for pid, up in zip(pids, agreed, strict=True) if up]
 
     def follower_step(self) -> dict[str, Any]:
-        """A step of a rank other than 0: rank 0's samples, this rank's share of each global mini-batch, and
-        the gathering of the new weights; the collectives in :meth:`rl_step`'s order."""
-        tr = self.trainers[self.policies[0]]
-        m = tr.train_on(self.share_samples(None), whole_batch=True)
-        if self.agreed_update(m.get("optimizer_steps", 0) > 0):
-            self.gather()
+        """A step of a rank other than 0: for each policy the step trains (``trained_at``, as rank 0 computes it),
+        rank 0's samples and this rank's share of each global mini-batch; then the gathering of the updated
+        policies' weights. The collectives in :meth:`rl_step`'s order."""
+        pids = trained_at(self.policies, self.cfg.multi.schedule, self.step)
+        per = {pid: self.trainers[pid].train_on(self.share_samples(None), whole_batch=True) for pid in pids}
+        updated = self.agreed_updates(pids, [pid for pid, m in per.items() if m.get("optimizer_steps", 0) > 0])
+        if updated:
+            self.gather(updated)
             self.version += 1
-        return {"train": m, "version": self.version}
+        rec: dict[str, Any] = {pid: {"train": m} for pid, m in per.items()}
+        return {**(rec[pids[0]] if len(self.policies) == 1 else rec), "version": self.version}
 
     # ================================================================== publish, evaluate, checkpoint
     async def publish(self, version: int) -> dict[str, Any]:

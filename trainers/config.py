@@ -265,8 +265,11 @@ class TrainerConfig(ConfigModel):
     the loss normalisers are summed over the ranks, so N ranks take the step one process takes on the whole
     batch (see :mod:`agentgym.trainers.distributed`). A config that runs on one process runs sharded by
     changing this table and the launch only. Both recipes run sharded: SFT, and RL (``run.algorithm = "grpo"``,
-    one policy, full or LoRA; rank 0 owns the rollout services, evaluation and logs, and publishes the weights
-    every rank gathers). Not yet: multi-policy runs (``[multi]``) and a KL reference (``loss.kl_coef > 0``).
+    full or LoRA; one policy, or two with ``[multi]`` and any ``multi.schedule``, as separate models, each sharded
+    over all the ranks and trained one after the other; rank 0 owns the rollout services, evaluation and logs, and
+    publishes the weights every rank gathers). Not yet: one base with two adapters (``multi.shared_base``).
+    A KL reference (``loss.kl_coef > 0``) is sharded like the policy: a frozen FSDP2 copy of the initial model
+    on the same ranks (LoRA: the sharded base itself, adapter disabled).
 
     Launch: under ``torchrun --nproc_per_node N`` the launcher sets the ranks. With ``dataflow.runtime = "ray"``
     and ``procs = N > 1``, ``agentgym train`` launches the group itself: N Ray actors (a trainer group, placed with
@@ -527,9 +530,6 @@ def _sharding_problems(cfg: TrainConfig) -> list[str]:
                    "and trainer.procs > 1 (under torchrun the launcher places the ranks)")
     if t.strategy != "fsdp2":
         return out
-    if cfg.run.algorithm != "sft" and cfg.loss.kl_coef > 0:
-        out.append("loss.kl_coef: the sharded RL recipe has no KL reference model yet; set loss.kl_coef = 0 or "
-                   "train with trainer.strategy = 'single'")
     if m.autocast is not None:
         out.append("model.autocast: FSDP2 casts through its own policy: set trainer.mixed_precision instead")
     if m.gradient_checkpointing:
@@ -541,9 +541,10 @@ def _sharding_problems(cfg: TrainConfig) -> list[str]:
                    "in host memory")
     if not (m.device == "cpu" or m.device.startswith("cuda")):
         out.append(f"model.device: FSDP2 runs on 'cpu' (gloo) or 'cuda' (nccl), not {m.device!r}")
-    if cfg.multi.workflow != "none":
-        out.append("multi.workflow: multi-policy runs (and their shared base, multi.shared_base) train with "
-                   "trainer.strategy = 'single' so far; the sharded RL recipe trains one policy")
+    if cfg.multi.shared_base:
+        out.append("multi.shared_base: the sharded RL recipe trains each policy as a model of its own; two adapters "
+                   "over one shared base are not sharded: set multi.shared_base = false (separate models) or "
+                   "trainer.strategy = 'single'")
     if cfg.run.algorithm != "sft" and ray and t.procs == 1:
         out.append("dataflow.runtime: on Ray the sharded RL recipe runs as a Ray trainer group: set trainer.procs "
                    "to its ranks (N > 1; agentgym train launches them as Ray actors), or set dataflow.runtime = "

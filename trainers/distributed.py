@@ -159,13 +159,16 @@ def _decoder_layers(model: Any) -> list[torch.nn.Module]:
 
 
 def shard_model(model: Any, ranks: Ranks, *, mixed_precision: str | None = None, cpu_offload: bool = False,
-                activation_checkpointing: bool = False) -> Any:
+                activation_checkpointing: bool = False, frozen: bool = False) -> Any:
     """Shard ``model`` (a transformers causal LM, or a peft model over one) in place with FSDP2.
 
     Every decoder layer is one FSDP unit and the root holds the rest (embeddings, final norm, LM head).
     ``mixed_precision`` (``"bfloat16"``): compute in bf16, reduce gradients in fp32, keep fp32 shards.
     Gradients are summed over the ranks (see the module docstring). Call it after LoRA adapters are added
     and before the optimizer is built (the parameters become ``DTensor`` shards).
+
+    ``frozen``: a model that only runs forward without grad (the KL reference): the root reshards after every
+    forward too (by default it keeps its parameters gathered for the backward that follows, which never comes).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
@@ -186,7 +189,8 @@ def shard_model(model: Any, ranks: Ranks, *, mixed_precision: str | None = None,
     offload: OffloadPolicy = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    root: dict[str, Any] = {"reshard_after_forward": True} if frozen else {}
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload, **root)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # sum, not mean: the loss weights are already global

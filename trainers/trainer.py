@@ -92,7 +92,7 @@ class PolicyTrainer:
         optim / loss: Optimizer and loss settings.
         adapter: The LoRA adapter this trainer owns (``None``: full fine-tune of ``model``).
         ref_model: A frozen reference for the KL term (with LoRA the base model is used instead,
-            by disabling the adapter).
+            by disabling the adapter). Sharded: an FSDP2 model on the same ranks as ``model``.
         batches: The ``train_on`` calls the run will make (the schedule's horizon is ``batches x
             steps_per_batch`` optimizer steps; see the module docstring). Needed by a cosine schedule.
         seed: Shuffles mini-batches.
@@ -246,6 +246,8 @@ class PolicyTrainer:
         if self.ranks is not None:
             plans = self._pad(plans)
         need_old = rl and (epochs > 1 or n_mini > 1)
+        # sharded: the old and reference log-probs run over the padded plans, so every rank makes as many forwards of
+        # the policy and of the (sharded) reference as the others, in the same order, empty shares included
         with self.active():
             olds = [self._logprobs_nograd(p) for p in plans] if need_old else None
             refs = [self._logprobs_nograd(p, reference=True) for p in plans] if rl and cfg.kl_coef > 0 else None
@@ -436,13 +438,15 @@ def build_trainers(model: ModelConfig, paths: Mapping[str, str], *, algorithm: L
     ``train_on`` calls each trainer will get (the learning-rate schedule's horizon). ``sharding`` with
     ``strategy = "fsdp2"`` (and this process's ``ranks``): each model is loaded on the CPU, gets its adapter, and
     is sharded with FSDP2 onto ``ranks.device`` (every rank must have seeded its RNGs alike, so that LoRA
-    weights start the same).
+    weights start the same); a full fine-tune's KL reference is copied before sharding and sharded the same way
+    on the same ranks (frozen, no whole copy stays on any rank).
     """
     fsdp = sharding is not None and sharding.strategy == "fsdp2"
     if fsdp and ranks is None:
         raise ConfigurationError("trainer.strategy = 'fsdp2' needs the process group: pass ranks=init_ranks(...)")
-    if fsdp and (kl_coef > 0 or shared_base):
-        raise ConfigurationError("trainer.strategy = 'fsdp2' does not train with a KL reference or a shared base yet")
+    if fsdp and shared_base:
+        raise ConfigurationError("trainer.strategy = 'fsdp2' does not train adapters over a shared base yet: "
+                                 "set multi.shared_base = false (separate models) or trainer.strategy = 'single'")
     load_device = "cpu" if fsdp else model.device
     lora = model.finetune == "lora"
     lkw: dict[str, Any] = {"rank": model.lora_rank, "alpha": model.lora_alpha, "dropout": model.lora_dropout,
@@ -457,22 +461,25 @@ def build_trainers(model: ModelConfig, paths: Mapping[str, str], *, algorithm: L
         for pid, path in paths.items():
             base = load_causal_lm(path, model.dtype, load_device, model.gradient_checkpointing)
             models[pid] = add_lora(base, pid, **lkw) if lora else base
-    if fsdp:
-        from .distributed import shard_model
+    refs: dict[str, Any] = dict.fromkeys(paths)
+    for pid in paths:
+        if kl_coef > 0 and not lora:  # a frozen copy of the initial model, taken whole (before sharding)
+            refs[pid] = copy.deepcopy(models[pid]).eval()
+            for p in refs[pid].parameters():
+                p.requires_grad_(False)
+        if fsdp:
+            from .distributed import shard_model
 
-        assert sharding is not None and ranks is not None
-        for pid in paths:
+            assert sharding is not None and ranks is not None
             shard_model(models[pid], ranks, mixed_precision=sharding.mixed_precision, cpu_offload=sharding.cpu_offload,
                         activation_checkpointing=sharding.activation_checkpointing)
+            if refs[pid] is not None:  # sharded too, computing as the policy does (it never runs backward)
+                shard_model(refs[pid], ranks, mixed_precision=sharding.mixed_precision,
+                            cpu_offload=sharding.cpu_offload, frozen=True)
     out: dict[str, PolicyTrainer] = {}
     for pid in paths:
-        ref = None
-        if kl_coef > 0 and not lora:
-            ref = copy.deepcopy(models[pid]).eval()
-            for p in ref.parameters():
-                p.requires_grad_(False)
         out[pid] = PolicyTrainer(pid, models[pid], algorithm=algorithm, optim=optim, loss=loss,
-                                 adapter=pid if lora else None, ref_model=ref, batches=batches[pid], seed=seed,
+                                 adapter=pid if lora else None, ref_model=refs[pid], batches=batches[pid], seed=seed,
                                  autocast=DTYPES[model.autocast] if model.autocast else None,
                                  ranks=ranks if fsdp else None)
     return out

@@ -47,14 +47,16 @@ def build(model_path: str, case: dict[str, Any], ranks: Any = None) -> Any:
     torch.manual_seed(case["seed"])
     mcfg = ModelConfig(path=model_path, finetune=case["finetune"], lora_rank=4, lora_alpha=8.0)
     optim = OptimConfig(lr=case.get("lr", 1e-3), token_budget=64, grad_clip=1.0, eps=1e-6)
+    kl_coef = case.get("kl_coef", 0.0)  # > 0: a KL term to a frozen reference (sharded like the policy)
     loss = LossConfig(aggregation=case.get("aggregation", "token-mean"), norm_len=32, tis_cap=None,
-                      mini_batches=case.get("mini_batches", 1))
+                      mini_batches=case.get("mini_batches", 1), kl_coef=kl_coef)
     sharding = None
     if ranks is not None:
         sharding = TrainerConfig(strategy="fsdp2", mixed_precision=case.get("mixed_precision"),
                                  activation_checkpointing=case.get("activation_checkpointing", False))
     return build_trainers(mcfg, {"policy": model_path}, algorithm=case["algorithm"], optim=optim, loss=loss,
-                          batches={"policy": STEPS}, seed=case["seed"], sharding=sharding, ranks=ranks)["policy"]
+                          batches={"policy": STEPS}, seed=case["seed"], kl_coef=kl_coef, sharding=sharding,
+                          ranks=ranks)["policy"]
 
 
 def trained(trainer: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -82,6 +84,11 @@ def main(model_path: str, out: str, cases_json: str) -> None:
                 ms = [tr.train_on(b, whole_batch=True) for b in batches(case["seed"])]
             else:  # every rank gets its share (the SFT recipe's way)
                 ms = [tr.train_on(ranks.share(b)) for b in batches(case["seed"])]
+            if tr.ref_model is not None:  # the KL reference stays sharded (its root reshards after each forward)
+                from torch.distributed.tensor import DTensor
+
+                gathered = [n for n, p in tr.ref_model.named_parameters() if not isinstance(p, DTensor)]
+                assert not gathered, f"{case['name']}: the reference holds gathered parameters {gathered[:3]}"
             state = full_state(tr.model)
             if ranks.is_main:
                 save_file(trained(tr, state), str(Path(out) / f"{case['name']}.safetensors"))

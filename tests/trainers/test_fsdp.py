@@ -5,9 +5,11 @@ process groups whatever happens) train the tiny model on 3 batches, each on its 
 micro-batching on; one process trains on the whole batches. Their parameters must agree to float32 round-off:
 full fine-tune and LoRA, RL losses under each aggregation, and SFT; and with 2 PPO mini-batches per batch, where
 the shuffle and split are over the global batch (``train_on(batch, whole_batch=True)``) and each rank trains on
-its share of every global mini-batch. A per-rank normaliser (each rank
-weighting its tokens by its own count) moves the parameters by orders of magnitude more than the tolerance
-(checked by planting it), and a mean of the ranks' gradients instead of their sum shows in the gradient norm.
+its share of every global mini-batch; and with a KL term (full fine-tune: a frozen reference sharded like the
+policy; LoRA: the base, adapter disabled), whose effect on the parameters is checked to be far above the tolerance.
+A per-rank normaliser (each rank weighting its tokens by its own count) moves the parameters by orders of magnitude
+more than the tolerance (checked by planting it), and a mean of the ranks' gradients instead of their sum shows in
+the gradient norm.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agentgym.errors import ConfigurationError
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2
+KL_EFFECT = 50  # the KL cases' parameters differ from the same training without KL by this many tolerances or more
 CASES: list[dict[str, Any]] = [
     {"name": "full-token-mean", "finetune": "full", "algorithm": "grpo", "aggregation": "token-mean", "seed": 1},
     {"name": "full-seq-mean", "finetune": "full", "algorithm": "grpo", "aggregation": "seq-mean", "seed": 2},
@@ -42,6 +45,13 @@ CASES: list[dict[str, Any]] = [
      "mini_batches": 2, "whole_batch": True},
     {"name": "lora-2-mini-batches", "finetune": "lora", "algorithm": "grpo", "aggregation": "seq-mean", "seed": 9,
      "lr": 1e-2, "mini_batches": 2, "whole_batch": True},
+    # a KL term: full fine-tune against a frozen copy sharded like the policy, over 6 global mini-batches of which
+    # the last (1 sample) leaves rank 1 an empty share (it pads, and still runs the reference's forward); LoRA
+    # against its own base (adapter disabled), with the reference's forward the first one of each batch
+    {"name": "full-kl", "finetune": "full", "algorithm": "grpo", "aggregation": "token-mean", "seed": 10,
+     "kl_coef": 0.5, "mini_batches": 6, "whole_batch": True},
+    {"name": "lora-kl", "finetune": "lora", "algorithm": "grpo", "aggregation": "seq-mean", "seed": 11, "lr": 1e-2,
+     "kl_coef": 0.5},
 ]
 # FSDP's bf16 compute and activation checkpointing: they train, and the first step's loss is one process's
 MIXED: list[dict[str, Any]] = [
@@ -115,6 +125,18 @@ def test_two_ranks_take_the_one_process_step(case: dict[str, Any], tiny_model: s
         assert m["trained_tokens"] == s["trained_tokens"] and m["sequences"] == s["sequences"]
         assert m["loss"] == pytest.approx(s["loss"], rel=1e-4, abs=1e-6)
         assert m["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
+    if case.get("kl_coef"):
+        # the reference is the initial model: the KL starts at 0 (exactly, with one mini-batch) and is positive once
+        # the policy has moved (rank 0's own tokens on the sharded side)
+        for ms in (single_metrics, sharded_metrics):
+            assert all(m["kl"] > -1e-7 for m in ms) and all(m["kl"] > 1e-7 for m in ms[1:])
+            if case.get("mini_batches", 1) == 1:
+                assert ms[0]["kl"] == pytest.approx(0.0, abs=1e-7)
+        # and it shapes the steps: without it the parameters end far outside the tolerance
+        plain, _ = fsdp_worker.train_single(tiny_model, {**case, "kl_coef": 0.0})
+        effect = max(float((plain[n] - single[n]).abs().max()) for n in single)
+        assert effect > KL_EFFECT * 2e-3 * moved, (f"{case['name']}: the KL term moved the parameters by {effect:.2e} "
+                                                   f"only (the tolerance is {2e-3 * moved:.2e})")
 
 
 @pytest.mark.parametrize("case", MIXED, ids=[c["name"] for c in MIXED])
@@ -149,10 +171,26 @@ def test_strategy_settings_are_validated() -> None:
     assert ok.trainer.strategy == "fsdp2"
     rl = validate_config({"trainer": {"strategy": "fsdp2"}, "model": {"finetune": "lora"}})  # RL runs sharded
     assert rl.run.algorithm == "grpo" and rl.trainer.strategy == "fsdp2"
-    with pytest.raises(ConfigurationError, match="no KL reference"):
-        validate_config({"trainer": {"strategy": "fsdp2"}, "loss": {"kl_coef": 0.1}})
-    with pytest.raises(ConfigurationError, match="multi-policy runs"):
-        validate_config({"trainer": {"strategy": "fsdp2"}, "multi": {"workflow": "solver_verifier"}})
+    # a KL reference runs sharded (full fine-tune and LoRA)
+    for finetune in ("full", "lora"):
+        kl = validate_config({"trainer": {"strategy": "fsdp2"}, "model": {"finetune": finetune},
+                              "loss": {"kl_coef": 0.1}})
+        assert kl.loss.kl_coef == 0.1 and kl.trainer.strategy == "fsdp2"
+    from agentgym.trainers.config import LossConfig, ModelConfig, OptimConfig
+    from agentgym.trainers.distributed import Ranks
+    from agentgym.trainers.trainer import build_trainers
+
+    with pytest.raises(ConfigurationError, match="adapters over a shared base") as refused:  # before any model loads
+        build_trainers(ModelConfig(finetune="lora"), {"a": "x", "b": "x"}, algorithm="grpo", optim=OptimConfig(),
+                       loss=LossConfig(kl_coef=0.1), batches={"a": 1, "b": 1}, shared_base=True, kl_coef=0.1,
+                       sharding=TrainerConfig(strategy="fsdp2"), ranks=Ranks(0, 2, 0, torch.device("cpu")))
+    assert "KL" not in str(refused.value)
+    # two policies run sharded as separate models; one base with two adapters does not
+    multi = validate_config({"trainer": {"strategy": "fsdp2"}, "multi": {"workflow": "solver_verifier"}})
+    assert multi.multi.workflow == "solver_verifier" and not multi.multi.shared_base
+    with pytest.raises(ConfigurationError, match=r"set multi\.shared_base = false \(separate models\)"):
+        validate_config({"trainer": {"strategy": "fsdp2"}, "model": {"finetune": "lora"},
+                         "multi": {"workflow": "solver_verifier", "shared_base": True}})
     # on Ray the sharded RL recipe runs as a Ray trainer group of trainer.procs actors
     ray = {"dataflow": {"runtime": "ray"}}
     with pytest.raises(ConfigurationError, match=r"Ray trainer group: set trainer\.procs"):

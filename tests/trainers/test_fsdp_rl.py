@@ -14,6 +14,10 @@ mini-batch, and both gather the new weights, which rank 0 publishes.
   uninterrupted run ended.
 * A step in which rank 0 has no samples keeps the ranks in step (every group filtered: every rank calls
   ``train_on`` with nothing, no version is published, the run finishes).
+* Two policies (``multi.workflow = "solver_verifier"``, separate models, each sharded over both ranks) train as
+  one process trains them, with the ``concurrent`` (LoRA) and ``alternating_kept`` (full fine-tune) schedules:
+  the same policies trained each step, the same versions published per policy, both policies' final weights
+  equal; and a two-policy checkpoint (``alternating``) holds both policies' shards and resumes to the same end.
 
 The equality of one sharded step with one process's step (two PPO mini-batches included) is
 ``test_fsdp.py``'s.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +222,129 @@ def test_a_step_without_samples_keeps_the_ranks_in_step(tiny_model: str, tmp_pat
     assert res["steps"] == 2 and res["lr_schedule"]["policy"]["optimizer_steps"] == 0
     assert res["lr_schedule"]["policy"]["spent"] == 2 * 2  # each empty batch still spent its schedule positions
     assert [v for _, v, _ in _publishes(out)] == [0, 0]
+
+
+# ---------------------------------------------------------------------- two policies (multi.workflow)
+POLICIES = ("solver", "verifier")
+# a small, seeded two-policy run: 4 groups of 4 a step, every group kept (each policy gets its own samples)
+MULTI = ["rollout.group_size=4", "rollout.groups_per_step=4", "rollout.max_turns=2", "filter.dynamic_sampling=false",
+         "eval.before=false", "eval.tasks=4"]
+
+
+def _multi_config(tmp: Path, model: str, out: Path, *, schedule: str, finetune: str, steps: int = 4,
+                  name: str = "multi") -> Path:
+    extra = f"""
+[multi]
+workflow = "solver_verifier"
+schedule = "{schedule}"
+verifier_max_tokens = 6
+"""
+    return _config(tmp, model, out, steps=steps, lr=1e-2, finetune=finetune, extra=extra, name=name)
+
+
+def _multi_steps(folder: Path) -> list[tuple[int, int, dict[str, tuple[int, str | None, int | None]]]]:
+    """Per step: (step, version after it, {policy trained in it: (optimizer steps, kind and version of the update
+    published for it in the step or None)})."""
+    return [(int(r["step"]), int(r["version"]),
+             {pid: (int(r[f"{pid}/train/optimizer_steps"]), r.get(f"publish/{pid}/kind"), r.get(f"publish/{pid}/version"))
+              for pid in POLICIES if f"{pid}/train/optimizer_steps" in r})
+            for r in _steps(folder)]
+
+
+def _weights_at(path: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    return {n: p.detach().float() for n, p in model.named_parameters()}
+
+
+def _policy_finals(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """``final/<policy>/``: each policy's trained model (LoRA merged), a folder transformers loads."""
+    return {pid: _weights_at(folder / "final" / pid) for pid in POLICIES}
+
+
+def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b)
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+@pytest.mark.parametrize(("schedule", "finetune"), [("concurrent", "lora"), ("alternating_kept", "full")])
+def test_sharded_two_policies_train_like_one_process(tiny_model: str, tiny_sft_model: str, tmp_path: Path,
+                                                     schedule: str, finetune: str) -> None:
+    """Solver and verifier as two sharded models on 2 ranks: the same steps (which policy trained, its optimizer
+    steps), the same versions and update kinds published for each policy, and both policies' final weights equal
+    to the one-process run of the same config (seeded rollouts), each having moved well beyond the tolerance.
+    The LoRA case gives the verifier a base model of its own (``multi.verifier_path``), which its gathered copy
+    must be built on."""
+    sharded = tmp_path / "sharded"
+    config = _multi_config(tmp_path, tiny_sft_model, sharded, schedule=schedule, finetune=finetune)
+    bases = {"solver": tiny_sft_model, "verifier": tiny_sft_model}
+    overrides = list(MULTI)
+    if finetune == "lora":
+        bases["verifier"] = tiny_model
+        overrides.append(f"multi.verifier_path={tiny_model}")
+    _, wall = _torchrun(config, *overrides)
+    res = json.loads((sharded / "result.json").read_text())
+    assert res["world_size"] == 2 and res["steps"] == 4
+    assert (sharded / "eval" / "after").is_dir()  # rank 0 evaluated the solver's gathered copy
+    got = _policy_finals(sharded)
+    if finetune == "lora":
+        assert all((sharded / "final" / pid / "adapter").is_dir() for pid in POLICIES)
+
+    single = tmp_path / "single"
+    t0 = time.monotonic()
+    _one_process(config, single, overrides)
+    print(f"two policies, {schedule}, {finetune}: 2 ranks {wall:.0f} s, one process {time.monotonic() - t0:.0f} s")
+    steps = _multi_steps(sharded)
+    assert steps == _multi_steps(single)
+    trained = [sorted(per) for _, _, per in steps]
+    if schedule == "concurrent":
+        assert trained == [list(POLICIES)] * 4
+    else:  # alternating_kept: step k trains policy k mod 2
+        assert trained == [["solver"], ["verifier"]] * 2
+    for pid in POLICIES:  # each policy updated, and was published with the step's version
+        assert sum(per[pid][0] for _, _, per in steps if pid in per) > 0, pid
+        assert all(per[pid][2] == v for _, v, per in steps if pid in per and per[pid][0]), pid
+    want = _policy_finals(single)
+    # float32 reduction order through 8 Adam steps: measured 2e-6 (LoRA) and 1.1e-3 (full) of the distance moved;
+    # a policy left stale or trained on the wrong samples is off by about the whole distance
+    tol = 2e-3 if finetune == "lora" else 5e-3
+    for pid in POLICIES:
+        moved = _distance(want[pid], _weights_at(Path(bases[pid])))
+        worst = _distance(got[pid], want[pid])
+        print(f"  {pid}: moved {moved:.2e}, 2 ranks vs one process {worst:.2e}")
+        assert moved > 1e-3 and worst < tol * moved, (pid, worst, moved)
+
+
+def test_sharded_two_policies_resume(tiny_sft_model: str, tmp_path: Path) -> None:
+    """The step-2 checkpoint of a sharded two-policy run (alternating schedule, LoRA) holds both policies' shards
+    and resumes on 2 ranks: the services start from both policies' gathered weights, the run publishes the same
+    versions and ends with both policies where the uninterrupted run ended."""
+    run = tmp_path / "run"
+    config = _multi_config(tmp_path, tiny_sft_model, run, schedule="alternating", finetune="lora")
+    overrides = [*MULTI, "eval.after=false"]
+    _torchrun(config, *overrides)
+    ck = run / "checkpoints" / "step-000002"
+    assert {p.name for p in ck.glob("*.dcp")} == {f"{pid}.dcp" for pid in POLICIES}
+    assert json.loads((ck / "state.json").read_text())["world_size"] == 2
+    want = _policy_finals(run)
+    init = _weights_at(Path(tiny_sft_model))
+    moved = {pid: _distance(want[pid], init) for pid in POLICIES}
+    assert all(m > 1e-3 for m in moved.values()), moved
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed, ignore=shutil.ignore_patterns("final", "result.json", "step-000004", ".lock"))
+    out, _ = _torchrun(config, *overrides, f"run.out_dir={resumed}")
+    assert "resumed from" in out and "at step 2" in out
+    assert _multi_steps(resumed) == _multi_steps(run)
+    delivered = [r.get(f"publish/{pid}/services/rollout-0") for r in _steps(resumed) for pid in POLICIES
+                 if r["step"] >= 2 and f"publish/{pid}/kind" in r]
+    assert delivered and set(delivered) == {"ok"}  # every delta after the resume applied on the restored weights
+    got = _policy_finals(resumed)
+    for pid in POLICIES:
+        worst = _distance(got[pid], want[pid])
+        print(f"  {pid}: moved {moved[pid]:.2e}, resumed vs uninterrupted {worst:.2e}")
+        assert worst < 2e-3 * moved[pid], (pid, worst, moved[pid])
 
 
 def _one_process(config: Path, out: Path, overrides: list[str]) -> dict[str, Any]:
