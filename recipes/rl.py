@@ -69,7 +69,7 @@ from agentgym.trainers.metrics import (
     plot_curves,
     step_line,
 )
-from agentgym.trainers.publish import publish_weights, resume_state, trainable_state
+from agentgym.trainers.publish import publish_weights, resume_state, send_publication, trainable_state
 from agentgym.trainers.run import (
     RunFolder,
     StopControl,
@@ -79,6 +79,7 @@ from agentgym.trainers.run import (
     seed_everything,
     trained_at,
 )
+from agentgym.trainers.shard_delta import ShardDeltas
 from agentgym.trainers.trainer import PolicyTrainer, build_trainers
 
 from agentgym.dataflow.flow import Batch
@@ -131,6 +132,11 @@ class RLRecipe:
         self.whole: dict[str, Any] = {}  # sharded: rank 0's one-process copy of each policy's model (publishing,
         # eval, final/; None off rank 0)
         self._kept: dict[str, Batch] = {}  # multi.schedule = "alternating_kept": a batch awaiting its policy's step
+        # sharded full fine-tune: each rank diffs its own slices after an update (trainers.shard_delta); rank 0
+        # encodes the changes, and keeps no whole copy of a policy between steps once its deltas run
+        self.deltas: dict[str, ShardDeltas] = {}
+        self._changes: dict[str, dict[str, Any]] = {}  # this step's changes, per policy (rank 0)
+        self._gathered: set[str] = set()  # policies gathered whole this step (published from the copy)
 
     @property
     def main(self) -> bool:
@@ -158,12 +164,14 @@ class RLRecipe:
                                        batches=policy_batches(cfg.run.steps, self.policies, cfg.multi.schedule),
                                        seed=cfg.run.seed, shared_base=cfg.multi.shared_base, kl_coef=cfg.loss.kl_coef,
                                        sharding=cfg.trainer, ranks=self.ranks)
+        r = cfg.rollout
+        dtype = r.rollout_dtype or ("bfloat16" if r.backend == "vllm" else cfg.model.dtype)
+        if self.ranks is not None and cfg.model.finetune == "full":
+            self.deltas = {pid: ShardDeltas(self.trainers[pid], dtype) for pid in self.policies}
         if not self.main:  # sharded, rank > 0: no services, no eval policy, no folder; resume and train in step
             self._resume()
             self.logger = QuietLogger()
             return
-        r = cfg.rollout
-        dtype = r.rollout_dtype or ("bfloat16" if r.backend == "vllm" else cfg.model.dtype)
         # the one publisher per policy encodes in the rollout policies' dtype (agentgym.weights)
         self.publishers = {pid: WeightPublisher(dtype=dtype) for pid in self.trainers}
         # eval: policies of their own unless the config lends rollout service 0's
@@ -208,6 +216,9 @@ class RLRecipe:
                 self._flow_state = state.get("dataflow")
         if self.ranks is not None:
             self.gather()  # rank 0's copy starts at the trained (or loaded) weights
+            if self.version:  # the services will be brought to these weights whole (start_rollout): deltas from here
+                for d in self.deltas.values():
+                    d.mark()
         return ck
 
     def gather(self, pids: list[str] | None = None) -> dict[str, Any]:
@@ -221,6 +232,24 @@ class RLRecipe:
                 self.whole[pid] = gathered_trainer(self.trainers[pid], self.paths[pid], m.dtype, lora,
                                                    into=self.whole.get(pid), trainable_only=True)
         return self.whole
+
+    def sync_weights(self, pids: list[str]) -> None:
+        """Sharded, after an update of ``pids`` (a collective, in step on every rank): what rank 0 publishes from.
+        A policy whose shard deltas run (a full fine-tune, after its first whole publish) has each rank diff its
+        slices and rank 0 receive the changes; any other is gathered whole into rank 0's copy (LoRA: its adapter)."""
+        self._changes, self._gathered = {}, set()
+        whole = [pid for pid in pids if pid not in self.deltas or self.deltas[pid].shadow is None]
+        if whole:
+            self.gather(whole)
+            self._gathered = set(whole)
+        for pid in self.policies:
+            d = self.deltas.get(pid)
+            if d is None or pid not in pids:
+                continue
+            if pid in whole:
+                d.mark()  # published whole from the copy this step; later steps diff against these slices
+            else:
+                self._changes[pid] = d.changes()
 
     @property
     def sources(self) -> dict[str, Any]:
@@ -309,6 +338,8 @@ class RLRecipe:
         if self.stop.requested:
             self.result["interrupted_at_step"] = self.step
             return self.result
+        if self.deltas:  # sharded full fine-tune: rank 0 dropped its copies between steps; final/ is gathered
+            self.gather(list(self.deltas))
         if not self.main:  # rank > 0: the last checkpoint's shards; rank 0 evaluates and writes the rest
             await self.checkpoint()
             return self.result
@@ -359,7 +390,7 @@ class RLRecipe:
         if self.ranks is not None:  # with every rank: the new weights into rank 0's copies, published from there
             updated = self.agreed_updates(pids, updated)
             if updated:
-                self.gather(updated)
+                self.sync_weights(updated)
         t2 = time.monotonic()
         rec: dict[str, Any] = {}
         if updated:
@@ -434,7 +465,7 @@ class RLRecipe:
         per = {pid: self.trainers[pid].train_on(self.share_samples(None), whole_batch=True) for pid in pids}
         updated = self.agreed_updates(pids, [pid for pid, m in per.items() if m.get("optimizer_steps", 0) > 0])
         if updated:
-            self.gather(updated)
+            self.sync_weights(updated)
             self.version += 1
         rec: dict[str, Any] = {pid: {"train": m} for pid, m in per.items()}
         return {**(rec[pids[0]] if len(self.policies) == 1 else rec), "version": self.version}
@@ -443,8 +474,26 @@ class RLRecipe:
     async def publish(self, version: int) -> dict[str, Any]:
         """Send every trainer's new weights as ``version`` to the rollout services (the one place weights
         leave this recipe; a service that is behind gets the full state, one that cannot apply it is taken out).
-        Sharded: from rank 0's gathered copy."""
-        out = await publish_weights(version, self.publishers, self.sources, self.runtime, {})
+        Sharded: a policy whose shard deltas run is published from the ranks' changes (none if it did not train
+        this step), any other from rank 0's gathered copy."""
+        if not self.deltas:
+            out = await publish_weights(version, self.publishers, self.sources, self.runtime, {})
+            if self.ranks is not None:
+                for info in out.values():
+                    info["source"] = "gathered copy"
+            return out if len(out) != 1 else next(iter(out.values()))
+        out = {}
+        for pid, pub in self.publishers.items():
+            d = self.deltas[pid]
+            if d.shadow is not None and pid not in self._gathered and pub.shadow is not None:
+                out[pid] = await send_publication(pid, pub.publish_changes(self._changes.get(pid, {}), version),
+                                                  self.runtime, {})
+                out[pid]["source"] = "shard deltas"
+                self.whole[pid] = None  # later publishes come from the shards; final/ gathers again
+            else:
+                out[pid] = (await publish_weights(version, {pid: pub}, self.sources, self.runtime, {}))[pid]
+                out[pid]["source"] = "gathered copy"
+        self._changes, self._gathered = {}, set()
         return out if len(out) != 1 else next(iter(out.values()))
 
     async def evaluate(self, stage: str) -> dict[str, Any]:
@@ -455,8 +504,12 @@ class RLRecipe:
         policy = self.eval_policies[pid]
         lent = self.cfg.eval.share_rollout_engine  # service 0's policy: published to with every step
         if not lent and self.version > getattr(policy, "weight_version", 0):
-            tr = self.sources[pid]
-            full = WeightPublisher(self.publishers[pid].dtype).publish(trainable_state(tr.model, tr.adapter), self.version)
+            pub = self.publishers[pid]
+            if self.whole.get(pid) is None and pid in self.deltas:  # sharded, no copy between steps: what was published
+                full = WeightPublisher(pub.dtype).publish(dict(pub.full().tensors), self.version)
+            else:
+                tr = self.sources[pid]
+                full = WeightPublisher(pub.dtype).publish(trainable_state(tr.model, tr.adapter), self.version)
             await asyncio.to_thread(full.deliver, policy)
         res = await evaluate(policy, self.cfg.eval, self.cfg.rollout, self.folder.path / "eval" / stage)
         res["version"] = self.version

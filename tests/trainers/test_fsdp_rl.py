@@ -145,6 +145,10 @@ def test_sharded_grpo_learns_and_zero_lr_does_not(tiny_sft_model: str, tmp_path:
     assert len(kinds) == sum(updated) >= LEARN_STEPS // 2
     assert kinds[0] == "full" and set(kinds[1:]) == {"delta"}
     assert _deliveries(learn) == ["ok"] * len(kinds)  # every delta applied on the service's weights
+    # a full fine-tune: the first update goes whole from rank 0's gathered copy, every later one from the ranks' own
+    # slice diffs (trainers.shard_delta), and the service applied each on its checksummed base
+    sources = [r["publish/source"] for r in _steps(learn) if "publish/source" in r]
+    assert sources == ["gathered copy"] + ["shard deltas"] * (len(kinds) - 1)
     assert all(r.get("train/optimizer_steps") in (0, 2) for r in _steps(learn))  # 2 global mini-batches a step
     assert res["after"]["version"] == pubs[-1][1]
     assert (learn / "checkpoints" / f"step-{LEARN_STEPS:06d}" / "policy.dcp").is_dir()
@@ -268,18 +272,21 @@ def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
-@pytest.mark.parametrize(("schedule", "finetune"), [("concurrent", "lora"), ("alternating_kept", "full")])
+@pytest.mark.parametrize(("schedule", "finetune", "kl"), [("concurrent", "lora", 0.0), ("alternating_kept", "full", 0.0),
+                                                        ("alternating", "full", 0.5)])
 def test_sharded_two_policies_train_like_one_process(tiny_model: str, tiny_sft_model: str, tmp_path: Path,
-                                                     schedule: str, finetune: str) -> None:
+                                                     schedule: str, finetune: str, kl: float) -> None:
     """Solver and verifier as two sharded models on 2 ranks: the same steps (which policy trained, its optimizer
     steps), the same versions and update kinds published for each policy, and both policies' final weights equal
     to the one-process run of the same config (seeded rollouts), each having moved well beyond the tolerance.
     The LoRA case gives the verifier a base model of its own (``multi.verifier_path``), which its gathered copy
-    must be built on."""
+    must be built on; the ``alternating`` case trains with a KL term, against each policy's sharded reference."""
     sharded = tmp_path / "sharded"
     config = _multi_config(tmp_path, tiny_sft_model, sharded, schedule=schedule, finetune=finetune)
     bases = {"solver": tiny_sft_model, "verifier": tiny_sft_model}
     overrides = list(MULTI)
+    if kl:
+        overrides.append(f"loss.kl_coef={kl}")
     if finetune == "lora":
         bases["verifier"] = tiny_model
         overrides.append(f"multi.verifier_path={tiny_model}")
@@ -305,6 +312,19 @@ def test_sharded_two_policies_train_like_one_process(tiny_model: str, tiny_sft_m
     for pid in POLICIES:  # each policy updated, and was published with the step's version
         assert sum(per[pid][0] for _, _, per in steps if pid in per) > 0, pid
         assert all(per[pid][2] == v for _, v, per in steps if pid in per and per[pid][0]), pid
+        # where each publish came from: LoRA gathers its adapter; a full fine-tune gathers a policy whole until its
+        # first update is published, then publishes its ranks' slice diffs (trainers.shard_delta)
+        if kl:  # the KL term was live on both sides: the policy drifted from its reference after its first update
+            for folder in (sharded, single):
+                kls = [r[f"{pid}/train/kl"] for r in _steps(folder) if f"{pid}/train/kl" in r]
+                assert kls and max(kls) > 0, (pid, folder.name, kls)
+        sources = [r[f"publish/{pid}/source"] for r in _steps(sharded) if f"publish/{pid}/source" in r]
+        if finetune == "lora":
+            assert set(sources) == {"gathered copy"}, (pid, sources)
+        else:
+            first = sources.index("gathered copy", 1) if pid == "verifier" else 0  # published unchanged at step 1
+            assert sources[first + 1:] == ["shard deltas"] * (len(sources) - first - 1) and first + 1 < len(sources), \
+                (pid, sources)
     want = _policy_finals(single)
     # float32 reduction order through 8 Adam steps: measured 2e-6 (LoRA) and 1.1e-3 (full) of the distance moved;
     # a policy left stale or trained on the wrong samples is off by about the whole distance
