@@ -267,7 +267,7 @@ class TrainerConfig(ConfigModel):
     changing this table and the launch only. Both recipes run sharded: SFT, and RL (``run.algorithm = "grpo"``,
     full or LoRA; one policy, or two with ``[multi]`` and any ``multi.schedule``, as separate models, each sharded
     over all the ranks and trained one after the other; rank 0 owns the rollout services, evaluation and logs, and
-    publishes the weights every rank gathers). Not yet: one base with two adapters (``multi.shared_base``).
+    publishes the weights: LoRA's gathered adapter, a full fine-tune's changes diffed on the shards). Not yet: one base with two adapters (``multi.shared_base``).
     A KL reference (``loss.kl_coef > 0``) is sharded like the policy: a frozen FSDP2 copy of the initial model
     on the same ranks (LoRA: the sharded base itself, adapter disabled).
 

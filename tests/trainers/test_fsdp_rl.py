@@ -44,7 +44,7 @@ LEARN_STEPS = 12  # with 2 mini-batches a step, held-out success is at 100% by s
 
 
 def _config(tmp: Path, model: str, out: Path, *, steps: int, lr: float, finetune: str = "full",
-            extra: str = "", name: str = "rl") -> Path:
+            extra: str = "", name: str = "rl", dynamic_sampling: bool = True) -> Path:
     cfg = f"""
 [run]
 out_dir = "{out}"
@@ -67,14 +67,15 @@ max_tokens = 8
 max_turns = 3
 temperature = 1.0
 concurrency = 64
-sampling_seeds = true  # seeded rollouts: the run is the same every time (unseeded, one in several collapses at this lr)
+sampling_seeds = true  # seeded rollouts (unseeded, one in several collapses at this lr); the same run every time only
+# without dynamic sampling, whose refill groups race (which finish first depends on timing)
 [advantage]
 estimator = "grpo"
 [loss]
 tis_cap = 2.0
 mini_batches = 2
 [filter]
-dynamic_sampling = true
+dynamic_sampling = {str(dynamic_sampling).lower()}
 max_refill_rounds = 1
 [optim]
 lr = {lr}
@@ -128,8 +129,11 @@ def _final_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def test_sharded_grpo_learns_and_zero_lr_does_not(tiny_sft_model: str, tmp_path: Path) -> None:
+    """Without dynamic sampling the seeded run is the same every time (the same rewards step by step in repeated runs,
+    loaded or not); with it, refill groups raced and one run in several ended at 0.0-0.5 held out."""
     learn = tmp_path / "learn"
-    _, wall = _torchrun(_config(tmp_path, tiny_sft_model, learn, steps=LEARN_STEPS, lr=3e-3, name="learn"))
+    _, wall = _torchrun(_config(tmp_path, tiny_sft_model, learn, steps=LEARN_STEPS, lr=3e-3, name="learn",
+                                dynamic_sampling=False))
     res = json.loads((learn / "result.json").read_text())
     before, after = res["before"]["success"], res["after"]["success"]
     print(f"sharded GRPO: held-out success {before:.2f} -> {after:.2f} in {wall:.0f} s")
@@ -155,7 +159,8 @@ def test_sharded_grpo_learns_and_zero_lr_does_not(tiny_sft_model: str, tmp_path:
     _final_weights(learn)  # a model folder transformers loads
 
     frozen = tmp_path / "frozen"
-    _, wall0 = _torchrun(_config(tmp_path, tiny_sft_model, frozen, steps=LEARN_STEPS, lr=0.0, name="frozen"))
+    _, wall0 = _torchrun(_config(tmp_path, tiny_sft_model, frozen, steps=LEARN_STEPS, lr=0.0, name="frozen",
+                                 dynamic_sampling=False))
     res0 = json.loads((frozen / "result.json").read_text())
     print(f"sharded GRPO at lr = 0: held-out success {res0['before']['success']:.2f} -> "
           f"{res0['after']['success']:.2f} in {wall0:.0f} s")
