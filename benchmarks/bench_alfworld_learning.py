@@ -468,6 +468,8 @@ def main() -> None:
     ap.add_argument("--keep-final", default="", help="arms whose final/ a later stage starts from (DAgger, GRPO), "
                     "kept by --clean")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON from what finished")
+    ap.add_argument("--train-set", action="append", default=[], help="an extra --set for the sft-N arms' training "
+                    "(repeatable; recorded in each arm's overrides), e.g. run.threads=2 on a quiet machine")
     args = ap.parse_args()
     prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
@@ -484,7 +486,7 @@ def main() -> None:
         if args.summarize and not (RUN / arm / "eval-after" / "summary.json").exists():
             continue
         res["collections"][f"expert-{n}"] = collect_expert(n)
-        res["arms"][arm] = sft(arm, [RUN / f"expert-{n}.jsonl"])
+        res["arms"][arm] = sft(arm, [RUN / f"expert-{n}.jsonl"], *args.train_set)
         _save(res, path, args, prov)
     if args.dagger_from:
         n = int(args.dagger_from.split("-")[1])

@@ -6,7 +6,8 @@ three settings, each in its own subprocess (torch's thread pool is fixed per pro
 
 * ``fp32-1t``: float32 weights, 1 torch thread;
 * ``fp32-2t``: float32 weights, 2 threads (this machine's core count);
-* ``bf16-1t``: bfloat16 weights, 1 thread.
+* ``bf16-1t`` / ``bf16-2t``: bfloat16 weights, 1 or 2 threads;
+* ``amp-2t``: float32 weights under ``torch.autocast("cpu", dtype=torch.bfloat16)``, 2 threads.
 
 Each measurement is the second of two passes (the first warms up), as process CPU time and wall time, with the
 1-minute load average before it. On a shared, oversubscribed 2-core machine the wall time is mostly other jobs';
@@ -29,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SETTINGS = {"fp32-1t": ("float32", 1), "fp32-2t": ("float32", 2), "bf16-1t": ("bfloat16", 1)}
+SETTINGS = {"fp32-1t": ("float32", 1), "fp32-2t": ("float32", 2), "bf16-1t": ("bfloat16", 1), "bf16-2t": ("bfloat16", 2),
+            "amp-2t": ("amp", 2)}
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import Provenance  # noqa: E402
@@ -41,13 +43,17 @@ from agentgym.policies.models import resolve_model
 dtype, threads, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-m = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"), dtype=getattr(torch, dtype))
+amp = dtype == "amp"  # fp32 weights, bf16 autocast (matmuls in bf16: AMX where the CPU has it)
+m = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"),
+                                         dtype=torch.float32 if amp else getattr(torch, dtype))
 x = torch.randint(0, 40000, (1, tokens))
 out = []
 for _ in range(2):
     load = os.getloadavg()[0]
     t, c = time.perf_counter(), time.process_time()
-    m(input_ids=x, labels=x).loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        loss = m(input_ids=x, labels=x).loss
+    loss.backward()
     out.append({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "load1": load})
     m.zero_grad(set_to_none=True)
 print("@@" + json.dumps(out[-1]))
