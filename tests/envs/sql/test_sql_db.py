@@ -311,7 +311,9 @@ def test_huge_sorts_stay_in_memory_under_the_cap(snap: bytes) -> None:
         t0 = time.monotonic()
         res = ep.run("WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT 3000000) "
                      "SELECT i % 1000003, count(*), max(randomblob(300)) FROM c GROUP BY 1 ORDER BY 3")
-        assert time.monotonic() - t0 < 2.5 + 2.0
+        # a guard against a hang, with slack for a loaded 2-core machine (it took 4.6 s beside a vLLM eval); a
+        # timeout that does not fire is caught below: unbounded, this query ends in the row cap, not memory/timeout
+        assert time.monotonic() - t0 < 2.5 + 5.0
         written = _written_chars() - before
         assert written < 50 << 20, f"the sort wrote {written >> 20} MB of temporary files"
         assert not res.ok and ("memory" in (res.error or "") or res.timed_out), res
