@@ -1,7 +1,7 @@
 """What a SmolLM2-135M training step costs on this CPU: weight dtype and torch threads.
 
 One forward + backward of SmolLM2-135M-Instruct on a 128-token sequence (causal-LM loss over every token), in
-three settings, each in its own subprocess (torch's thread pool is fixed per process), interleaved over
+each setting below (``--settings`` picks a subset), each in its own subprocess (torch's thread pool is fixed per process), interleaved over
 ``--rounds`` rounds so a change in the machine's load hits every setting alike:
 
 * ``fp32-1t``: float32 weights, 1 torch thread;
