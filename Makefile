@@ -129,7 +129,7 @@ BENCH_FULL := \
 	"benchmarks/bench_strategies.py --arms gate_swept --swept-k 2 --swept-d 0.9 --no-sweep" \
 	"benchmarks/bench_strategies.py --arms baseline_slice4,greso_slice4 --no-sweep" \
 	"benchmarks/bench_dataflow.py --sections async --steps 6 --repeats 3" \
-	"benchmarks/bench_dataflow.py --sections async --steps 6 --repeats 3 --separate" \
+	"benchmarks/bench_dataflow.py --sections async --steps 6 --repeats 3 --staleness 0,1 --separate" \
 	"benchmarks/bench_dataflow.py --sections multi --steps 4 --repeats 3"
 SMOKE := /tmp/agentgym-bench-smoke
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -241,16 +242,70 @@ def _rounds(arms: list[Any], repeats: int) -> list[list[Any]]:
     return [arms[i % len(arms):] + arms[:i % len(arms)] for i in range(repeats)]
 
 
+class _RolloutPinner:
+    """Keeps every thread of this process's children (the vLLM engine core and its worker) on ``core``.
+
+    Children inherit the trainer's affinity when they are spawned, and ``VLLM_CPU_OMP_THREADS_BIND`` moves only
+    the worker's OpenMP threads: the engine core's scheduling loop (about half a core, busy while requests are
+    in flight) would otherwise run on the trainer's core. A thread polls the process tree (every engine is a
+    new child) and re-pins any thread not yet on ``core``; it records what it moved."""
+
+    def __init__(self, core: int, poll_s: float = 0.2) -> None:
+        import threading
+
+        self.core, self.poll_s = core, poll_s
+        self.pinned: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rollout-pinner", daemon=True)
+
+    def start(self) -> _RolloutPinner:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.wait(self.poll_s):
+            try:
+                children = me.children(recursive=True)
+            except psutil.Error:
+                continue
+            for child in children:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+                except OSError:  # exited
+                    continue
+                for tid in tids:
+                    with contextlib.suppress(OSError):  # a thread that just exited
+                        if os.sched_getaffinity(tid) != {self.core}:
+                            os.sched_setaffinity(tid, {self.core})
+                            self.pinned.add(child.pid)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _set_process_affinity(cores: set[int]) -> None:
+    """Every thread of this process on ``cores`` (``sched_setaffinity(0)`` moves only the calling thread)."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that just exited
+            os.sched_setaffinity(int(tid), cores)
+
+
 def _separate_resources() -> dict[str, Any]:
-    """Rollout and training on separate cores: the vLLM engine core (a child process) binds its threads to
-    core 0 (``VLLM_CPU_OMP_THREADS_BIND``) and this process (the trainer, the envs, the runtime) runs on core 1
-    with one torch thread; undone by the caller."""
+    """Rollout and training on separate cores: the vLLM engine (its engine-core and worker processes, every thread)
+    on core 0 (``VLLM_CPU_OMP_THREADS_BIND`` for the worker's OpenMP threads, a :class:`_RolloutPinner` for the
+    rest) and this process (the trainer, the envs, the runtime and the engine's client) on core 1 with one torch
+    thread; undone by the caller."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("--separate needs at least 2 cores")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[0])
-    os.sched_setaffinity(0, {cpus[1]})
-    return {"rollout_cores": [cpus[0]], "trainer_cores": [cpus[1]], "restore": cpus}
+    _set_process_affinity({cpus[1]})
+    return {"rollout_cores": [cpus[0]], "trainer_cores": [cpus[1]], "restore": cpus,
+            "pinner": _RolloutPinner(cpus[0]).start()}
 
 
 def async_section(config: str, steps: int, staleness: list[int], repeats: int, warmup: int,
@@ -288,7 +343,10 @@ def async_section(config: str, steps: int, staleness: list[int], repeats: int, w
                 runs[k].append(run)
     finally:
         if separate:
-            os.sched_setaffinity(0, set(placement["restore"]))
+            pinner = placement.pop("pinner")
+            pinner.stop()
+            placement["engine_processes_pinned"] = len(pinner.pinned)
+            _set_process_affinity(set(placement["restore"]))
             os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     sync = runs[staleness[0]]
     r_s = _mean([x["rollout_wait_s"] for x in sync])
