@@ -241,12 +241,12 @@ def _complete(eval_dir: Path) -> bool:
     """Every episode finished, and none because the policy failed: an eval whose engine died mid-run marks the
     rest of its episodes as policy errors and still calls itself complete; rerunning it (``retry_errors``)
     plays those again instead of scoring them as failures."""
+    from agentgym.eval.runner import load_episodes  # last record per episode: a replay supersedes
+
     summary = eval_dir / "summary.json"
     if not (summary.exists() and json.loads(summary.read_text()).get("complete")):
         return False
-    episodes = eval_dir / "episodes.jsonl"
-    return not episodes.exists() or not any(
-        json.loads(x).get("error_source") == "policy" for x in episodes.read_text().splitlines() if x.strip())
+    return not any(t.error_source == "policy" for t in load_episodes(eval_dir).values())
 
 
 @contextlib.contextmanager

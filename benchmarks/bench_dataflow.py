@@ -294,7 +294,7 @@ def _set_process_affinity(cores: set[int]) -> None:
             os.sched_setaffinity(int(tid), cores)
 
 
-def _separate_resources() -> dict[str, Any]:
+def _separate_resources() -> tuple[dict[str, Any], _RolloutPinner]:
     """Rollout and training on separate cores: the vLLM engine (its engine-core and worker processes, every thread)
     on core 0 (``VLLM_CPU_OMP_THREADS_BIND`` for the worker's OpenMP threads, a :class:`_RolloutPinner` for the
     rest) and this process (the trainer, the envs, the runtime and the engine's client) on core 1 with one torch
@@ -304,8 +304,7 @@ def _separate_resources() -> dict[str, Any]:
         raise SystemExit("--separate needs at least 2 cores")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[0])
     _set_process_affinity({cpus[1]})
-    return {"rollout_cores": [cpus[0]], "trainer_cores": [cpus[1]], "restore": cpus,
-            "pinner": _RolloutPinner(cpus[0]).start()}
+    return {"rollout_cores": [cpus[0]], "trainer_cores": [cpus[1]], "restore": cpus}, _RolloutPinner(cpus[0]).start()
 
 
 def async_section(config: str, steps: int, staleness: list[int], repeats: int, warmup: int,
@@ -318,8 +317,10 @@ def async_section(config: str, steps: int, staleness: list[int], repeats: int, w
     placement: dict[str, Any] = {"mode": "shared cores"}
     overrides = [f"run.steps={steps}"]
     cores = len(os.sched_getaffinity(0))  # the machine's: rollout and training together use at most these
+    pinner: _RolloutPinner | None = None
     if separate:
-        placement = {"mode": "separate cores", **_separate_resources()}
+        cores_used, pinner = _separate_resources()
+        placement = {"mode": "separate cores", **cores_used}
         overrides += ["run.threads=1"]
     runs: dict[int, list[dict[str, Any]]] = {k: [] for k in staleness}
     try:
@@ -342,8 +343,7 @@ def async_section(config: str, steps: int, staleness: list[int], repeats: int, w
                       f"({run['cpu_s_per_step']} CPU-s/step), staleness trained {run['staleness_max']}", flush=True)
                 runs[k].append(run)
     finally:
-        if separate:
-            pinner = placement.pop("pinner")
+        if pinner is not None:
             pinner.stop()
             placement["engine_processes_pinned"] = len(pinner.pinned)
             _set_process_affinity(set(placement["restore"]))
