@@ -271,7 +271,7 @@ class _Cache:
             self.cache = self.mask = self.positions = None
             return
         idx = torch.tensor(rows, dtype=torch.long)
-        self.cache.batch_select_indices(idx)
+        self.cache.batch_select_indices(idx.to(self.cache.layers[0].keys.device))  # the model's device
         self.mask = self.mask.index_select(0, idx)
         self.positions = self.positions.index_select(0, idx)
         used = self.mask.any(dim=0).nonzero()
@@ -692,6 +692,9 @@ class HFPolicy(PolicyLifecycle):
         self.steps += 1
         self.batch_sizes.append(len(rows))
         self._sampled += len(rows)
+        # sampling runs on the CPU whatever the model's device: the per-request generators are CPU generators
+        # (a seed draws the same tokens from the same logits on any device), and the tokens go to Python anyway
+        logits = logits.to("cpu")
         logp = torch.log_softmax(logits, dim=-1)  # [B, V] raw logprobs, before any warping
         temps = torch.tensor([r.sampling.temperature for r in rows], dtype=logits.dtype)
         greedy = temps <= 0
