@@ -123,6 +123,30 @@ def _report(name: str, out_dir: Path, figures: Path) -> dict[str, Any]:
     return summary
 
 
+_COMMON = """
+[eval]
+before = false
+after = false
+every = 0
+[log]
+plot = false
+progress = false
+"""
+
+
+def _collect(tmp_path: Path) -> Path:
+    demos = tmp_path / "demos.jsonl"
+    _run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/Demo-v0", "--policy", "expert",
+          "--tasks", "32", "--out", str(demos)], timeout_s=300)
+    return demos
+
+
+def _torchrun(nproc: int, figures: Path, config: Path) -> None:
+    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(DRIVER), str(figures),
+          "--config", str(config)])
+
+
 def test_grpo_one_gpu_vllm_rollouts(tmp_path: Path) -> None:
     _need_gpus(1)
     pytest.importorskip("vllm")
@@ -178,9 +202,7 @@ def test_fsdp2_sft_two_gpus(tmp_path: Path) -> None:
         pytest.skip("the two-GPU check has no CPU dry run (test_fsdp2_sft_one_gpu runs its config)")
     _need_gpus(2)
     model = _model()
-    demos = tmp_path / "demos.jsonl"
-    _run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/Demo-v0", "--policy", "expert",
-          "--tasks", "32", "--out", str(demos)], timeout_s=300)
+    demos = _collect(tmp_path)
     out = tmp_path / "sft"
     config = tmp_path / "sft.toml"
     config.write_text(f"""
@@ -213,9 +235,7 @@ strategy = "fsdp2"
 mixed_precision = "bfloat16"
 """)
     figures = tmp_path / "figures-fsdp"
-    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(DRIVER), str(figures),
-          "--config", str(config)])
+    _torchrun(2, figures, config)
     result = json.loads((out / "result.json").read_text())
     assert result["steps"] == 6
     ck = out / "checkpoints" / "step-000006"
@@ -229,17 +249,6 @@ mixed_precision = "bfloat16"
 
 
 # -- checks that need neither vLLM nor a second GPU ------------------------------------------------------------------
-
-_COMMON = """
-[eval]
-before = false
-after = false
-every = 0
-[log]
-plot = false
-progress = false
-"""
-
 
 def _grpo_config(model: str, out: Path, finetune: str, sharded: bool) -> str:
     # single-process runs cast through model.autocast, sharded ones through FSDP2's mixed precision
@@ -326,13 +335,6 @@ def test_grpo_one_gpu_hf_rollouts(tmp_path: Path, finetune: str) -> None:
     _assert_gpu(_report(f"grpo-1gpu-hf-{finetune}", out, figures), 1)
 
 
-def _collect(tmp_path: Path) -> Path:
-    demos = tmp_path / "demos.jsonl"
-    _run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/Demo-v0", "--policy", "expert",
-          "--tasks", "32", "--out", str(demos)], timeout_s=300)
-    return demos
-
-
 def _sft_config(model: str, out: Path, demos: Path, trainer: str) -> str:
     return f"""
 [run]
@@ -376,12 +378,6 @@ def test_sft_one_gpu(tmp_path: Path) -> None:
     changed = [k for k in after if k in before and not torch.equal(before[k], after[k])]
     assert changed, "no weight changed"
     _assert_gpu(_report("sft-1gpu", out, figures), 1)
-
-
-def _torchrun(nproc: int, figures: Path, config: Path) -> None:
-    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(DRIVER), str(figures),
-          "--config", str(config)])
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["on-gpu", "cpu-offload"])
