@@ -46,6 +46,7 @@ import gzip
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -234,13 +235,14 @@ def _plot(res: dict[str, Any], path: Path) -> None:
 
 
 # ============================================================ training arms
-def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: int) -> dict[str, Any]:
+def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: int,
+              extra: Sequence[str] = ()) -> dict[str, Any]:
     out = RUN / arm / f"seed{seed}"
     gate = ["gate.mode=" + ("audit" if arm == "baseline" else "enforce"), f"gate.k={chosen['k']}",
             f"gate.threshold={chosen['d']}", f"gate.view={chosen['view'].split('/')[0]}",
             f"gate.level={chosen['view'].split('/')[1]}"]
     sets = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"run.seed={seed}", f"run.steps={steps}",
-            f"model.path={model}", *gate]
+            f"model.path={model}", *gate, *extra]
     res_file = out / "result.json"
     if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
         with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
@@ -287,6 +289,9 @@ def main() -> None:
     ap.add_argument("--model", default="runs/alfworld-learning/sft-512/final")
     ap.add_argument("--tasks", type=int, default=48, help="train tasks, one group of 8 each")
     ap.add_argument("--temperatures", default="1.0,0.7")
+    ap.add_argument("--train-set", action="append", default=[],
+                    help="an extra --set for both arms' GRPO runs (e.g. run.threads=2 on a quiet machine); recorded "
+                         "in each run's overrides, so give both arms and every seed the same ones")
     args = ap.parse_args()
     prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
@@ -317,7 +322,8 @@ def main() -> None:
         res.setdefault("training", {})
         for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
             for arm in ("baseline", "gate"):
-                res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps)
+                res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps,
+                                                                 args.train_set)
                 record_invocation(res, prov)
                 path.write_text(json.dumps(res, indent=1, default=str))
     if res.get("training"):

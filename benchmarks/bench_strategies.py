@@ -325,12 +325,21 @@ def markdown_table(out: dict[str, Any]) -> str:
     def pct(v: float | None) -> str:
         return "—" if v is None else f"{100 * v:+.0f}%"
 
+    def pp(x: dict[str, Any] | None) -> str:  # a paired difference in success, percentage points
+        if not x or x.get("mean") is None:
+            return "—"
+        ci = x.get("ci95")
+        return f"{100 * x['mean']:+.1f}" + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else "")
+
     rows = ["| Arm | Wall-clock s | Rollout s | Generated tokens | Optimizer steps | Groups cut or skipped | "
-            "Held-out success % | Wall / tokens vs its reference |", "|---|---|---|---|---|---|---|---|"]
+            "Held-out success % | Wall / tokens vs its reference | Success vs its reference, pp (paired) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, a in out["arms"].items():
+        same = name == a["compared_with"]
         rows.append(f"| {name} | {f(a['train_wall_s'])} | {f(a['rollout_s'])} | {f(a['generated_tokens'])} | "
                     f"{f(a['optimizer_steps'], nd=1)} | {f(a['cut_or_skipped_frac'], 100)}% | {f(a['after_success'], 100, 1)} | "
-                    f"{pct(a.get('wall_vs_reference'))} / {pct(a.get('tokens_vs_reference'))} vs {a['compared_with']} |")
+                    f"{pct(a.get('wall_vs_reference'))} / {pct(a.get('tokens_vs_reference'))} vs {a['compared_with']} | "
+                    f"{'(reference)' if same else pp(a.get('success_vs_reference'))} |")
     return "\n".join(rows)
 
 
