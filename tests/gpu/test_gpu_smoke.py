@@ -180,14 +180,7 @@ max_turns = 4
 gpu_memory_utilization = 0.3
 [optim]
 lr = 1e-5
-[eval]
-before = false
-after = false
-every = 0
-[log]
-plot = false
-progress = false
-""")
+{_COMMON}""")
     figures = tmp_path / "figures-grpo"
     _run([sys.executable, str(DRIVER), str(figures), "--config", str(config)])
     result = json.loads((out / "result.json").read_text())
