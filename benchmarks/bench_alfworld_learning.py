@@ -300,7 +300,23 @@ def sft(arm: str, data: list[Path], *sets: str, config: str = CONFIG, run: Path 
             "steps": res.get("steps"), "sft_data": res.get("sft_data"), "lr_schedule": res.get("lr_schedule"),
             "train_wall_s": round(res.get("train_wall_s", 0.0), 1), "eval": ev, "loss_curve": _loss_curve(out),
             "tokens": _tokens(out), "failures": failure_analysis(out / "eval-after") if experiment == EXP else None,
-            "config": json.loads((out / "config.json").read_text())}
+            "config": json.loads((out / "config.json").read_text()), "final_sha256": weights_sha256(out)}
+
+
+def weights_sha256(out: Path) -> str | None:
+    """SHA-256 of a run's ``final/model.safetensors``, kept in ``final.sha256`` beside it so the figure outlives
+    ``--clean``. A later session that retrains the arm (``runs/`` is not kept between sessions) compares it to the
+    JSON's to know whether it starts the next stage from the same weights."""
+    import hashlib
+
+    kept, weights = out / "final.sha256", out / "final" / "model.safetensors"
+    if not kept.exists() and weights.exists():
+        h = hashlib.sha256()
+        with weights.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+        kept.write_text(h.hexdigest())
+    return kept.read_text().strip() if kept.exists() else None
 
 
 def _loss_curve(out: Path) -> list[dict[str, Any]]:

