@@ -551,11 +551,16 @@ def _save(res: dict[str, Any], path: Path, args: argparse.Namespace, prov: Prove
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1, default=str))
     _plot(res, path.with_suffix(".png"))
-    for arm, r in res["recomputed"]["arms"].items():
+    print_recomputed(res["recomputed"])
+
+
+def print_recomputed(rec: dict[str, Any]) -> None:
+    """One line per arm (success, interval, size) and per paired difference, from :func:`recompute`'s result."""
+    for arm, r in rec["arms"].items():
         s = r["success"]
         print(f"  {arm:>16}: {100 * s['mean']:.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] "
               f"({s['episodes']} episodes, {s['tasks']} tasks)", flush=True)
-    for k, p in res["recomputed"]["paired"].items():
+    for k, p in rec["paired"].items():
         print(f"  {k}: {100 * p['mean']:+.1f} pp [{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}]", flush=True)
 
 

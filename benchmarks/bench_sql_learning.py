@@ -31,6 +31,7 @@ from bench_alfworld_learning import (
     engine_slot,
     evaluate,
     export_outcomes,
+    print_recomputed,
     recompute,
     record_invocation,
     sft,
@@ -99,7 +100,7 @@ def main() -> None:
         sft_arms = [a for a in arms if a.startswith("sft-")]
         pairs = [("base", a) for a in sft_arms if "base" in arms]
         pairs += [(a, g) for a in sft_arms for g in arms if g.startswith("grpo-")]
-        _print(recompute(EXP, pairs))
+        print_recomputed(recompute(EXP, pairs))
         return
     prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
@@ -130,7 +131,7 @@ def main() -> None:
     res["machine"] = _machine()
     record_invocation(res, prov)
     path.write_text(json.dumps(res, indent=1, default=str))
-    _print(res["recomputed"])
+    print_recomputed(res["recomputed"])
 
 
 def _keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -143,14 +144,6 @@ def _keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, An
         elif isinstance(value, dict) and isinstance(prior, dict):
             _keep_walls(prior, value)
     return new
-
-
-def _print(rec: dict[str, Any]) -> None:
-    for a, r in rec["arms"].items():
-        s = r["success"]
-        print(f"  {a:>12}: {100 * s['mean']:.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]")
-    for k, p in rec["paired"].items():
-        print(f"  {k}: {100 * p['mean']:+.1f} pp [{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}]")
 
 
 if __name__ == "__main__":
