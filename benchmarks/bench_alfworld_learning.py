@@ -319,16 +319,22 @@ def weights_sha256(out: Path) -> str | None:
     """SHA-256 of a run's ``final/model.safetensors``, kept in ``final.sha256`` beside it so the figure outlives
     ``--clean``. A later session that retrains the arm (``runs/`` is not kept between sessions) compares it to the
     JSON's to know whether it starts the next stage from the same weights."""
-    import hashlib
-
     kept, weights = out / "final.sha256", out / "final" / "model.safetensors"
     if not kept.exists() and weights.exists():
-        h = hashlib.sha256()
-        with weights.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
-        kept.write_text(h.hexdigest())
+        kept.write_text(file_sha256(weights) or "")
     return kept.read_text().strip() if kept.exists() else None
+
+
+def file_sha256(path: Path) -> str | None:
+    import hashlib
+
+    if not path.exists():
+        return None
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _loss_curve(out: Path) -> list[dict[str, Any]]:

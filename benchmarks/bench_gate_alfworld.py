@@ -61,9 +61,11 @@ from bench_alfworld_learning import (
     engine_slot,
     evaluate,
     export_outcomes,
+    file_sha256,
     load_outcomes,
     paired_bootstrap,
     record_invocation,
+    weights_sha256,
 )
 from bench_real_run import RESULTS, ROOT, sh
 from provenance import Provenance
@@ -260,7 +262,25 @@ def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: in
             "groups": len(groups), "groups_cut": sum(1 for g in groups if g.get("early_stopped")),
             "live_gates": (res.get("dataflow") or {}).get("gates"), "lr_schedule": res.get("lr_schedule"),
             "reward_curve": [r.get("rollout/reward_mean") for r in rows],
-            "rollout_s": [r.get("time/rollout_s") for r in rows], "eval": ev}
+            "rollout_s": [r.get("time/rollout_s") for r in rows], "eval": ev,
+            "start_sha256": file_sha256(Path(model) / "model.safetensors"), "final_sha256": weights_sha256(out)}
+
+
+def check_start(model: str, start_arm: str | None) -> None:
+    """Refuse to train from weights other than the ones the start arm's committed outcomes came from: ``runs/``
+    does not outlive a session here, so a later session retrains the start model and must get the same weights
+    (the SHA-256 stage 1 recorded), or its before/after pairs would compare two different models."""
+    if start_arm is None:
+        return
+    arms = json.loads((RESULTS / "alfworld_learning.json").read_text()).get("arms", {})
+    want = (arms.get(start_arm) or {}).get("final_sha256")
+    got = file_sha256(Path(model) / "model.safetensors")
+    if want is None:
+        raise SystemExit(f"alfworld_learning.json records no final_sha256 for {start_arm!r}: retrain and evaluate "
+                         f"it with bench_alfworld_learning.py first, so its outcomes and weights belong together")
+    if got != want:
+        raise SystemExit(f"{model} is not the {start_arm} whose outcomes are committed (sha256 {got} != {want}): "
+                         f"retrain it with the recorded overrides, or evaluate it again")
 
 
 def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, Any]:
@@ -284,6 +304,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stage", choices=["audit", "train", "summarize"])
     ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--arms", default="baseline,gate", help="which training arms to run per seed, in order")
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--start-arm", default=None, help="the stage-1 arm the model came from (paired before/after)")
     ap.add_argument("--model", default="runs/alfworld-learning/sft-512/final")
@@ -319,9 +340,13 @@ def main() -> None:
         if res.get("pick") is None:
             raise SystemExit("the audit picked no setting (no K, d with precision >= 0.8): the gate does not pay here; "
                              "see gate_alfworld.json's audit")
+        check_start(args.model, args.start_arm)
         res.setdefault("training", {})
+        arms = [a for a in args.arms.split(",") if a.strip()]
+        if not arms or set(arms) - {"baseline", "gate"}:
+            raise SystemExit(f"--arms takes baseline and/or gate, got {args.arms!r}")
         for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
-            for arm in ("baseline", "gate"):
+            for arm in arms:
                 res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps,
                                                                  args.train_set)
                 record_invocation(res, prov)

@@ -188,6 +188,7 @@ async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: 
                 differ += diff
 
         await RolloutEngine(runtime).run(wf, reqs, on_group=on_group)
+        _canonical_order(path, [t.task_id for t in chosen])
     finally:
         runtime.close(wait=False)
         await policy.aclose()
@@ -195,6 +196,23 @@ async def _collect(env_id: str, out: Path, policy_spec: str, split: str, tasks: 
             "success_rate": succ / n if n else None, "errors": errors, "random_steps": random_steps,
             "labelled_states": labelled, "relabelled_states": differ, "relabel": relabel, "policy": policy_spec,
             "env_kwargs": dict(env_kwargs or {})}
+
+
+def _canonical_order(path: Path, task_order: list[str]) -> None:
+    """Rewrite ``path`` in task order, then member order. Groups are appended as they finish (a crash keeps what
+    was done), so the file's order follows thread timing; SFT shuffles a file's samples by their position, so an
+    order that varies between collections would make the same data train a different model."""
+    if not path.exists():
+        return
+    rank = {tid: i for i, tid in enumerate(task_order)}
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    keyed = []
+    for i, line in enumerate(lines):
+        row = json.loads(line)
+        keyed.append(((rank.get(row.get("task_id"), len(rank)), row.get("member") or 0, i), line))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for _, line in sorted(keyed)), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _make_env(env_kwargs: dict[str, Any], env_id: str) -> Any:

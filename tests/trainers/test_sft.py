@@ -120,3 +120,27 @@ def test_collect_cli_writes_transcripts(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/Nope-v0", "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "No env registered" in bad.stderr
+
+
+def test_collect_writes_in_task_order_whatever_finishes_first(tmp_path: Path) -> None:
+    # Groups are appended as they finish (short episodes first), then the file is rewritten in the order the tasks
+    # were chosen: SFT shuffles samples by their position, so a timing-dependent order would train a different
+    # model from the same transcripts.
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401  (registers the envs)
+    from agentgym.eval.runner import select_tasks
+
+    env = gym.make("agentgym/ALFWorld-v0")
+    try:
+        want = [t.task_id for t in select_tasks(list(env.get_wrapper_attr("tasks")("train")), 24)]
+    finally:
+        env.close()
+    out = tmp_path / "t.jsonl"
+    args = [sys.executable, "-m", "agentgym", "collect", "--env", "agentgym/ALFWorld-v0", "--policy", "expert",
+            "--tasks", "24", "--samples", "2", "--concurrency", "24", "--out", str(out)]
+    subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["task_id"], r["member"]) for r in rows] == [(t, m) for t in want for m in (0, 1)]
+    turns = [len(r["messages"]) for r in rows]
+    assert len(set(turns)) > 1  # episodes of unequal length: finishing order is not the task order by itself
