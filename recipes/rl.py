@@ -308,7 +308,7 @@ class RLRecipe:
         cfg, logger = self.cfg, self.logger
         assert logger is not None
         t_run = time.monotonic()
-        self.stop.start()
+        self.stop.start(float(self.result.get("train_wall_s") or 0.0))
         if cfg.eval.before and self.step == 0 and "before" not in self.result and self.main:
             self.result["before"] = await self.evaluate("before")
             logger.log(0, {"eval": eval_metrics(self.result["before"])})
@@ -346,7 +346,7 @@ class RLRecipe:
         if cfg.eval.after:
             self.result["after"] = await self.evaluate("after")
             logger.log(cfg.run.steps, {"eval": eval_metrics(self.result["after"])})
-        self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
+        self.result["train_wall_s"] = self.stop.wall_s()
         self.result["steps"] = self.step
         self.result["lr_schedule"] = {pid: {"horizon": tr.horizon, "spent": tr.schedule_pos, "optimizer_steps": tr.steps}
                                       for pid, tr in self.trainers.items()}
@@ -519,6 +519,7 @@ class RLRecipe:
     async def checkpoint(self) -> None:
         """Sharded: every rank writes its shards; rank 0 the metadata (the dataflow's state included)."""
         flow = await self.runtime.state_dict() if self.main else None
+        self.result["train_wall_s"] = self.stop.wall_s()
         save_checkpoint(self.folder.path, self.step, self.trainers,
                         {"version": self.version, "result": self.result, "data_position": self.step, "dataflow": flow,
                          "algorithm": "grpo"}, keep=self.cfg.run.keep_checkpoints, ranks=self.ranks)

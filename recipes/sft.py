@@ -134,7 +134,7 @@ class SFTRecipe:
         cfg, logger = self.cfg, self.logger
         assert logger is not None
         t_run = time.monotonic()
-        self.stop.start()
+        self.stop.start(float(self.result.get("train_wall_s") or 0.0))
         if cfg.eval.before and self.step == 0 and "before" not in self.result:
             self.result["before"] = await self.evaluate("before")
             logger.log(0, {"eval": eval_metrics(self.result["before"])})
@@ -172,7 +172,7 @@ class SFTRecipe:
         if cfg.eval.after:
             self.result["after"] = await self.evaluate("after")
             logger.log(self.steps, {"eval": eval_metrics(self.result["after"])})
-        self.result["train_wall_s"] = self.result.get("train_wall_s", 0.0) + (time.monotonic() - t_run)
+        self.result["train_wall_s"] = self.stop.wall_s()
         self.result["steps"] = self.step
         self.result["lr_schedule"] = {PID: {"horizon": self.trainer.horizon, "spent": self.trainer.schedule_pos,
                                             "optimizer_steps": self.trainer.steps}}
@@ -229,6 +229,7 @@ class SFTRecipe:
         return WeightPublisher(dtype).publish(trainable_state(src.model, src.adapter), self.step)
 
     def checkpoint(self) -> None:
+        self.result["train_wall_s"] = self.stop.wall_s()
         save_checkpoint(self.folder.path, self.step, {PID: self.trainer},
                         {"version": self.step, "result": self.result, "data_position": self.step, "algorithm": "sft"},
                         keep=self.cfg.run.keep_checkpoints, ranks=self.ranks)

@@ -179,10 +179,18 @@ class StopControl:
         self.note = note
         self.requested = False
         self.t0 = time.monotonic()
+        self.prior_s = 0.0
 
-    def start(self) -> None:
-        """The budget counts from here (the start of the training loop, not of setup)."""
+    def start(self, prior_s: float = 0.0) -> None:
+        """The budget counts from here (the start of the training loop, not of setup); ``prior_s`` is the training
+        wall-clock of the sittings before a resume (the checkpoint's ``train_wall_s``)."""
         self.t0 = time.monotonic()
+        self.prior_s = prior_s
+
+    def wall_s(self) -> float:
+        """Training wall-clock over every sitting so far: what a checkpoint records, so a resumed run's
+        ``train_wall_s`` is the whole run's, not its last piece's."""
+        return self.prior_s + (time.monotonic() - self.t0)
 
     def over_budget(self) -> bool:
         return self.budget_s is not None and time.monotonic() - self.t0 > self.budget_s

@@ -53,8 +53,14 @@ def test_resumed_run_continues_the_same_curve(tiny_sft_model: str, tmp_path: Pat
     assert json.loads((split / "checkpoints" / "step-000002" / "state.json").read_text())["step"] == 2
     with open(split / "metrics.jsonl", "a") as fh:  # a step logged, then lost with a crash before its checkpoint
         fh.write(json.dumps({"step": 2, "lost": True}) + "\n" + '{"step": 3, "tor')
+    first = json.loads((split / "checkpoints" / "step-000002" / "state.json").read_text())["result"]["train_wall_s"]
+    t0 = time.monotonic()
     res = run_training(_cfg(tiny_model, split, 4))  # resumes at step 2
+    second = time.monotonic() - t0
     assert res["steps"] == 4
+    # the training wall-clock is the whole run's: the first sitting's (kept in its checkpoint) plus this one's
+    assert first > 0
+    assert first < res["train_wall_s"] <= first + second
     a, b = _curve(straight), _curve(split)
     assert [r["step"] for r in b] == [0, 1, 2, 3]  # each step once: the lost record and the torn line are gone
     assert not any(r.get("lost") for r in b)
