@@ -250,6 +250,7 @@ def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: in
         with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
             sh("train", "--config", "configs/train/alfworld/grpo.toml", *[a for x in sets for a in ("--set", x)])
     res = json.loads(res_file.read_text())
+    export_training(out, f"{arm}-seed{seed}")
     ev = evaluate(out / "final", out / "eval-after")
     export_outcomes(out / "eval-after", EXP, f"{arm}-seed{seed}", "after")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -281,6 +282,45 @@ def check_start(model: str, start_arm: str | None) -> None:
     if got != want:
         raise SystemExit(f"{model} is not the {start_arm} whose outcomes are committed (sha256 {got} != {want}): "
                          f"retrain it with the recorded overrides, or evaluate it again")
+
+
+def export_training(out: Path, name: str) -> None:
+    """Every training group (rewards, commands, the gate's records) and the per-step metrics, committed so the
+    live precision and recall can be recomputed (:func:`live_gate`)."""
+    dest = EPISODES / EXP / "training-groups"
+    dest.mkdir(parents=True, exist_ok=True)
+    for src, suffix in ((out / "groups.jsonl", ""), (out / "metrics.jsonl", "-metrics")):
+        if src.exists():
+            with gzip.open(dest / f"{name}{suffix}.jsonl.gz", "wt", encoding="utf-8") as f:
+                f.write(src.read_text(encoding="utf-8"))
+
+
+def live_gate() -> dict[str, Any]:
+    """Per training run, from its committed groups: the gate's decisions at the pick against each group's final
+    variance (precision with its Wilson interval, recall, the base rate of zero-variance groups) and the share of
+    generated tokens the stopped groups held after the decision."""
+    from agentgym.eval.stats import wilson_interval
+
+    out: dict[str, Any] = {}
+    for path in sorted((EPISODES / EXP / "training-groups").glob("*.jsonl.gz")):
+        if path.name.endswith("-metrics.jsonl.gz"):
+            continue
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            groups = [json.loads(x) for x in f if x.strip()]
+        recs = [(g["gate_records"][0], g) for g in groups if g.get("gate_records")]
+        stops = [r for r, _ in recs if r["action"] == "stop"]
+        correct = sum(bool(r["final_zero_variance"]) for r in stops)
+        zv = sum(len(set(g["rewards"])) == 1 for g in groups)
+        tokens = sum(sum(sum(t) for t in g["turn_tokens"]) for g in groups)
+        after = sum(r["final_tokens"] - r["tokens_at_decision"] for r in stops)
+        out[path.name.removesuffix(".jsonl.gz")] = {
+            "groups": len(groups), "zero_variance": zv, "base_rate": round(zv / len(groups), 4) if groups else None,
+            "decisions": len(recs), "stops": len(stops), "correct_stops": correct,
+            "enforced": any(r.get("enforced") for r in stops),
+            "precision": round(correct / len(stops), 4) if stops else None,
+            "precision_ci95": wilson_interval(correct, len(stops)), "recall": round(correct / zv, 4) if zv else None,
+            "generated_tokens": tokens, "tokens_after_stops_frac": round(after / tokens, 4) if tokens else None}
+    return out
 
 
 def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, Any]:
@@ -353,6 +393,7 @@ def main() -> None:
                 path.write_text(json.dumps(res, indent=1, default=str))
     if res.get("training"):
         res["training_summary"] = summarize_training(res, args.start_arm)
+    res["training_live_gate"] = live_gate()
     res["pick_rule"] = (f"most generated tokens saved among (view, K, d) with precision >= 0.8 over >= {MIN_STOPS} "
                         "stops at T=1.0 (tool-call view excluded: degenerate on text commands)")
     res["protocol"] = {"env": ENV, "env_kwargs": {"obs_style": "compact"}, "split": "train", "group_size": 8,
@@ -364,6 +405,10 @@ def main() -> None:
     path.write_text(json.dumps(res, indent=1, default=str))
     _plot(res, path.with_suffix(".png"))
     print(json.dumps(res["pick"], indent=1))
+    for name, g in res["training_live_gate"].items():
+        print(f"{name} (live, {'enforced' if g['enforced'] else 'audit mode'}): {g['stops']} of {g['groups']} groups "
+              f"stopped, precision {g['precision']} {g['precision_ci95']}, recall {g['recall']}, base rate "
+              f"{g['base_rate']}, tokens after the stops {g['tokens_after_stops_frac']}")
     for t, a in res["audit"].items():
         for r in a["sweep"]["views"]["action/step"]:
             p = next(p for p in r["sweep"] if p["d"] == 0.12)
