@@ -238,7 +238,7 @@ def _plot(res: dict[str, Any], path: Path) -> None:
 
 # ============================================================ training arms
 def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: int,
-              extra: Sequence[str] = ()) -> dict[str, Any]:
+              extra: Sequence[str] = (), start_sha256: str | None = None) -> dict[str, Any]:
     out = RUN / arm / f"seed{seed}"
     gate = ["gate.mode=" + ("audit" if arm == "baseline" else "enforce"), f"gate.k={chosen['k']}",
             f"gate.threshold={chosen['d']}", f"gate.view={chosen['view'].split('/')[0]}",
@@ -264,24 +264,26 @@ def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: in
             "live_gates": (res.get("dataflow") or {}).get("gates"), "lr_schedule": res.get("lr_schedule"),
             "reward_curve": [r.get("rollout/reward_mean") for r in rows],
             "rollout_s": [r.get("time/rollout_s") for r in rows], "eval": ev,
-            "start_sha256": file_sha256(Path(model) / "model.safetensors"), "final_sha256": weights_sha256(out)}
+            "start_sha256": start_sha256, "final_sha256": weights_sha256(out)}
 
 
-def check_start(model: str, start_arm: str | None) -> None:
+def check_start(model: str, start_arm: str | None) -> str | None:
     """Refuse to train from weights other than the ones the start arm's committed outcomes came from: ``runs/``
     does not outlive a session here, so a later session retrains the start model and must get the same weights
-    (the SHA-256 stage 1 recorded), or its before/after pairs would compare two different models."""
+    (the SHA-256 stage 1 recorded), or its before/after pairs would compare two different models. Returns the
+    model's hash."""
+    got = file_sha256(Path(model) / "model.safetensors")
     if start_arm is None:
-        return
+        return got
     arms = json.loads((RESULTS / "alfworld_learning.json").read_text()).get("arms", {})
     want = (arms.get(start_arm) or {}).get("final_sha256")
-    got = file_sha256(Path(model) / "model.safetensors")
     if want is None:
         raise SystemExit(f"alfworld_learning.json records no final_sha256 for {start_arm!r}: retrain and evaluate "
                          f"it with bench_alfworld_learning.py first, so its outcomes and weights belong together")
     if got != want:
         raise SystemExit(f"{model} is not the {start_arm} whose outcomes are committed (sha256 {got} != {want}): "
                          f"retrain it with the recorded overrides, or evaluate it again")
+    return got
 
 
 def export_training(out: Path, name: str) -> None:
@@ -307,8 +309,8 @@ def live_gate() -> dict[str, Any]:
             continue
         with gzip.open(path, "rt", encoding="utf-8") as f:
             groups = [json.loads(x) for x in f if x.strip()]
-        recs = [(g["gate_records"][0], g) for g in groups if g.get("gate_records")]
-        stops = [r for r, _ in recs if r["action"] == "stop"]
+        recs = [g["gate_records"][0] for g in groups if g.get("gate_records")]
+        stops = [r for r in recs if r["action"] == "stop"]
         correct = sum(bool(r["final_zero_variance"]) for r in stops)
         zv = sum(len(set(g["rewards"])) == 1 for g in groups)
         tokens = sum(sum(sum(t) for t in g["turn_tokens"]) for g in groups)
@@ -380,7 +382,7 @@ def main() -> None:
         if res.get("pick") is None:
             raise SystemExit("the audit picked no setting (no K, d with precision >= 0.8): the gate does not pay here; "
                              "see gate_alfworld.json's audit")
-        check_start(args.model, args.start_arm)
+        start_sha256 = check_start(args.model, args.start_arm)
         res.setdefault("training", {})
         arms = [a for a in args.arms.split(",") if a.strip()]
         if not arms or set(arms) - {"baseline", "gate"}:
@@ -388,7 +390,7 @@ def main() -> None:
         for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
             for arm in arms:
                 res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps,
-                                                                 args.train_set)
+                                                                 args.train_set, start_sha256)
                 record_invocation(res, prov)
                 path.write_text(json.dumps(res, indent=1, default=str))
     if res.get("training"):
