@@ -87,11 +87,16 @@ def export_outcomes(eval_dir: Path, experiment: str, arm: str, stage: str) -> Pa
                      "truncated": bool(t.truncated), "truncated_reason": t.truncated_reason,
                      "error": t.error is not None})
     rows.sort(key=lambda r: (r["task_id"], r["seed"], r["sample"]))
-    path = EPISODES / experiment / f"{arm}.jsonl.gz"
+    return write_gz(EPISODES / experiment / f"{arm}.jsonl.gz", (json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def write_gz(path: Path, lines: Iterable[str]) -> Path:
+    """Write ``lines`` gzip-compressed with no timestamp in the header: the same rows give the same bytes, so a
+    rerun that exports what is committed leaves the tree clean."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as f:  # mtime=0 would need GzipFile; content is what matters
-        for r in rows:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
+    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+        for line in lines:
+            gz.write(line.encode("utf-8"))
     return path
 
 

@@ -66,6 +66,7 @@ from bench_alfworld_learning import (
     paired_bootstrap,
     record_invocation,
     weights_sha256,
+    write_gz,
 )
 from bench_real_run import RESULTS, ROOT, sh
 from provenance import Provenance
@@ -108,12 +109,7 @@ def export_groups(eval_dir: Path, arm: str) -> Path:
                      "turns": len(t.turns), "turn_tokens": [len(tr.completion_token_ids) for tr in t.turns],
                      "actions": acts, "calls": calls, "task_type": t.info.get("task_type")})
     rows.sort(key=lambda r: (r["task_id"], r["seed"], r["sample"]))
-    path = EPISODES / EXP / f"{arm}.jsonl.gz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
-    return path
+    return write_gz(EPISODES / EXP / f"{arm}.jsonl.gz", (json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def groups_of(path: Path) -> list[list[dict[str, Any]]]:
@@ -290,11 +286,9 @@ def export_training(out: Path, name: str) -> None:
     """Every training group (rewards, commands, the gate's records) and the per-step metrics, committed so the
     live precision and recall can be recomputed (:func:`live_gate`)."""
     dest = EPISODES / EXP / "training-groups"
-    dest.mkdir(parents=True, exist_ok=True)
     for src, suffix in ((out / "groups.jsonl", ""), (out / "metrics.jsonl", "-metrics")):
         if src.exists():
-            with gzip.open(dest / f"{name}{suffix}.jsonl.gz", "wt", encoding="utf-8") as f:
-                f.write(src.read_text(encoding="utf-8"))
+            write_gz(dest / f"{name}{suffix}.jsonl.gz", [src.read_text(encoding="utf-8")])
 
 
 def live_gate() -> dict[str, Any]:

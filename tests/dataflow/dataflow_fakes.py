@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import time
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rollout_fakes import SUBMIT, FakePolicy, counter_action, messages_of
@@ -28,13 +31,16 @@ def configs(**kw: Any) -> tuple[DataflowConfig, FlowParams]:
 class CoinPolicy(FakePolicy):
     """Plays the counter env, but submits too early with probability ``p_fail`` per episode
     (keyed by group and member, so the outcome does not depend on scheduling). Takes weight updates:
-    each token carries the version current when it was generated; ``latency`` per call."""
+    each token carries the version current when it was generated; ``latency`` per call. ``hold``: a path;
+    while it exists, every call waits (a service that keeps its work until a test kills it) and marks each
+    group it holds with a file ``<hold>.<ticket>`` (see ``held_tickets``)."""
 
     capabilities = Capabilities(weight_updates=True)
 
     def __init__(self, policy_id: str = "policy", p_fail: float = 0.5, latency: float = 0.01,
-                 shape: tuple[int, ...] | None = None) -> None:
+                 shape: tuple[int, ...] | None = None, hold: str | None = None) -> None:
         self.policy_id = policy_id
+        self.hold = hold
         self.p_fail = p_fail
         self.latency = latency
         self.weight_version = 0
@@ -47,6 +53,10 @@ class CoinPolicy(FakePolicy):
 
     async def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         await asyncio.sleep(self.latency)
+        while self.hold is not None and os.path.exists(self.hold):
+            for r in requests:
+                Path(f"{self.hold}.{str(r.metadata.get('group_id')).split('#')[0]}").touch()
+            await asyncio.sleep(0.01)
         out = []
         for r in requests:
             key = f"{r.metadata.get('group_id')}|{r.metadata.get('member')}"
@@ -68,6 +78,16 @@ class CoinPolicy(FakePolicy):
         return changed
 
 
+async def held_tickets(hold: Path, timeout: float = 120.0) -> list[str]:
+    """Wait until some service holds a group at ``hold`` (the event itself, bounded); return those tickets:
+    they cannot finish while the hold file exists."""
+    deadline = time.monotonic() + timeout
+    while not (marks := sorted(hold.parent.glob(hold.name + ".t*"))):
+        assert time.monotonic() < deadline, f"no service held a group at {hold} in {timeout} s"
+        await asyncio.sleep(0.01)
+    return [m.name.rsplit(".", 1)[1] for m in marks]
+
+
 def make_service(name: str, group_size: int = 4, max_groups: int = 4, p_fail: float = 0.5, latency: float = 0.01,
                  policy_id: str = "policy") -> LocalService:
     pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency)
@@ -76,9 +96,10 @@ def make_service(name: str, group_size: int = 4, max_groups: int = 4, p_fail: fl
 
 
 def coin_workflows(group_size: int = 4, p_fail: float = 0.5, latency: float = 0.01,
-                   policy_id: str = "policy", shape: tuple[int, ...] | None = None) -> dict[str, MultiTurnWorkflow]:
+                   policy_id: str = "policy", shape: tuple[int, ...] | None = None,
+                   hold: str | None = None) -> dict[str, MultiTurnWorkflow]:
     """A service's workflows (a picklable factory for ServiceSpec: it runs where the service runs)."""
-    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency, shape=shape)
+    pol = CoinPolicy(policy_id, p_fail=p_fail, latency=latency, shape=shape, hold=hold)
     return {"default": MultiTurnWorkflow(pol, group_size=group_size, limits=RolloutLimits(max_turns=6))}
 
 
