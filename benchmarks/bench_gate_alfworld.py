@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -291,31 +292,61 @@ def export_training(out: Path, name: str) -> None:
             write_gz(dest / f"{name}{suffix}.jsonl.gz", [src.read_text(encoding="utf-8")])
 
 
+def _load_groups(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
 def live_gate() -> dict[str, Any]:
     """Per training run, from its committed groups: the gate's decisions at the pick against each group's final
     variance (precision with its Wilson interval, recall, the base rate of zero-variance groups) and the share of
-    generated tokens the stopped groups held after the decision."""
+    generated tokens the stopped groups held after the decision.
+
+    An enforced stop ends its group, so its final variance is never seen: a gate arm's precision is not
+    observable. Its proxy is the **baseline twin**: both arms of a seed draw the same tasks in the same order, so
+    the baseline (same seed) ran each stopped group's task at the same step, whole, from a model that differs
+    only by the arms' own updates since step 0; ``twin_precision`` counts the stops whose twin ended
+    zero-variance."""
     from agentgym.eval.stats import wilson_interval
 
+    dest = EPISODES / EXP / "training-groups"
     out: dict[str, Any] = {}
-    for path in sorted((EPISODES / EXP / "training-groups").glob("*.jsonl.gz")):
+    for path in sorted(dest.glob("*.jsonl.gz")):
         if path.name.endswith("-metrics.jsonl.gz"):
             continue
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            groups = [json.loads(x) for x in f if x.strip()]
+        name = path.name.removesuffix(".jsonl.gz")
+        groups = _load_groups(path)
         recs = [g["gate_records"][0] for g in groups if g.get("gate_records")]
         stops = [r for r in recs if r["action"] == "stop"]
-        correct = sum(bool(r["final_zero_variance"]) for r in stops)
+        enforced = any(r.get("enforced") for r in stops)
         zv = sum(len(set(g["rewards"])) == 1 for g in groups)
         tokens = sum(sum(sum(t) for t in g["turn_tokens"]) for g in groups)
-        after = sum(r["final_tokens"] - r["tokens_at_decision"] for r in stops)
-        out[path.name.removesuffix(".jsonl.gz")] = {
-            "groups": len(groups), "zero_variance": zv, "base_rate": round(zv / len(groups), 4) if groups else None,
-            "decisions": len(recs), "stops": len(stops), "correct_stops": correct,
-            "enforced": any(r.get("enforced") for r in stops),
-            "precision": round(correct / len(stops), 4) if stops else None,
-            "precision_ci95": wilson_interval(correct, len(stops)), "recall": round(correct / zv, 4) if zv else None,
-            "generated_tokens": tokens, "tokens_after_stops_frac": round(after / tokens, 4) if tokens else None}
+        row: dict[str, Any] = {"groups": len(groups), "decisions": len(recs), "stops": len(stops), "enforced": enforced,
+                               "generated_tokens": tokens}
+        if not enforced:
+            correct = sum(bool(r["final_zero_variance"]) for r in stops)
+            after = sum(r["final_tokens"] - r["tokens_at_decision"] for r in stops)
+            row.update({"zero_variance": zv, "base_rate": round(zv / len(groups), 4) if groups else None,
+                        "correct_stops": correct, "precision": round(correct / len(stops), 4) if stops else None,
+                        "precision_ci95": wilson_interval(correct, len(stops)),
+                        "recall": round(correct / zv, 4) if zv else None,
+                        "tokens_after_stops_frac": round(after / tokens, 4) if tokens else None})
+        else:
+            ran = [g for g in groups if not (g.get("gate_records") and g["gate_records"][0]["action"] == "stop")]
+            zv_ran = sum(len(set(g["rewards"])) == 1 for g in ran)
+            row.update({"precision": None, "precision_ci95": None, "recall": None, "tokens_after_stops_frac": None,
+                        "ran_whole": len(ran), "ran_whole_zero_variance": zv_ran})
+            twin_path = dest / path.name.replace("gate-", "baseline-", 1)
+            if name.startswith("gate-") and twin_path.exists():
+                twins = {(g["step"], g["task_id"]): g for g in _load_groups(twin_path)}
+                stopped = [g for g in groups if g.get("gate_records") and g["gate_records"][0]["action"] == "stop"]
+                matched = [twins[(g["step"], g["task_id"])] for g in stopped if (g["step"], g["task_id"]) in twins]
+                correct = sum(len(set(t["rewards"])) == 1 for t in matched)
+                row.update({"twin": twin_path.name.removesuffix(".jsonl.gz"), "twin_matched": len(matched),
+                            "twin_correct": correct,
+                            "twin_precision": round(correct / len(matched), 4) if matched else None,
+                            "twin_precision_ci95": wilson_interval(correct, len(matched))})
+        out[name] = row
     return out
 
 
@@ -333,6 +364,50 @@ def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, 
             b = name.replace("gate-", "baseline-")
             if b in files:
                 out["paired"][f"{name} - {b}"] = paired_bootstrap(files[b], files[name])
+    out["cost"] = {}
+    runs = res.get("training") or {}
+    for name, g in runs.items():
+        b = runs.get(name.replace("gate-", "baseline-"))
+        if not name.startswith("gate-seed") or not b:
+            continue
+        row = {}
+        for key in ("generated_tokens", "trained_tokens", "train_wall_s"):
+            if g.get(key) and b.get(key):
+                row[key] = {"baseline": b[key], "gate": g[key], "saved_frac": round(1 - g[key] / b[key], 4)}
+        row["groups_cut"] = g.get("groups_cut")
+        row["per_step"] = paired_steps(name.replace("gate-", "baseline-"), name)
+        out["cost"][f"{name} vs {name.replace('gate-', 'baseline-')}"] = row
+    return out
+
+
+def paired_steps(base: str, gate: str, n_boot: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """The share of generated tokens and of step wall-clock the gate saved, paired over training steps (both arms
+    of a seed run the same tasks at each step), with a 95% bootstrap interval over steps (ratio of sums)."""
+    dest = EPISODES / EXP / "training-groups"
+    paths = [dest / f"{n}-metrics.jsonl.gz" for n in (base, gate)]
+    if not all(p.exists() for p in paths):
+        return {}
+    b, g = ({int(m["step"]): m for m in _load_groups(p)} for p in paths)
+    steps = sorted(set(b) & set(g))
+
+    def per_step(m: dict[int, dict[str, Any]], key: str, cumulative: bool) -> list[float]:
+        vals = [float(m[s].get(key) or 0.0) for s in steps]
+        return [v - (vals[i - 1] if i else 0.0) for i, v in enumerate(vals)] if cumulative else vals
+
+    rng = random.Random(seed)
+    out: dict[str, Any] = {"steps": len(steps)}
+    for label, key, cum in (("generated_tokens", "flow/generated_tokens", True), ("step_s", "time/step_s", False),
+                            ("rollout_s", "time/rollout_s", False)):
+        xb, xg = per_step(b, key, cum), per_step(g, key, cum)
+        boots = []
+        for _ in range(n_boot):
+            idx = [rng.randrange(len(steps)) for _ in steps]
+            sb = sum(xb[i] for i in idx)
+            boots.append(1 - sum(xg[i] for i in idx) / sb if sb else 0.0)
+        boots.sort()
+        out[label] = {"baseline": round(sum(xb), 2), "gate": round(sum(xg), 2),
+                      "saved_frac": round(1 - sum(xg) / sum(xb), 4) if sum(xb) else None,
+                      "ci95": [round(boots[int(0.025 * n_boot)], 4), round(boots[int(0.975 * n_boot) - 1], 4)]}
     return out
 
 
@@ -402,9 +477,14 @@ def main() -> None:
     _plot(res, path.with_suffix(".png"))
     print(json.dumps(res["pick"], indent=1))
     for name, g in res["training_live_gate"].items():
-        print(f"{name} (live, {'enforced' if g['enforced'] else 'audit mode'}): {g['stops']} of {g['groups']} groups "
-              f"stopped, precision {g['precision']} {g['precision_ci95']}, recall {g['recall']}, base rate "
-              f"{g['base_rate']}, tokens after the stops {g['tokens_after_stops_frac']}")
+        if g["enforced"]:
+            print(f"{name} (live, enforced): {g['stops']} of {g['groups']} groups cut, {g['generated_tokens']} tokens "
+                  f"generated; precision against the baseline twin {g.get('twin_precision')} "
+                  f"{g.get('twin_precision_ci95')} over {g.get('twin_matched')} stops")
+        else:
+            print(f"{name} (live, audit mode): {g['stops']} of {g['groups']} groups stopped, precision "
+                  f"{g['precision']} {g['precision_ci95']}, recall {g['recall']}, base rate {g['base_rate']}, "
+                  f"tokens after the stops {g['tokens_after_stops_frac']}")
     for t, a in res["audit"].items():
         for r in a["sweep"]["views"]["action/step"]:
             p = next(p for p in r["sweep"] if p["d"] == 0.12)
