@@ -42,7 +42,6 @@ Run: ``python benchmarks/bench_gate_alfworld.py audit --model runs/alfworld-lear
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import sys
@@ -114,8 +113,7 @@ def export_groups(eval_dir: Path, arm: str) -> Path:
 
 
 def groups_of(path: Path) -> list[list[dict[str, Any]]]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        rows = [json.loads(x) for x in f if x.strip()]
+    rows = load_outcomes(path)
     by: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by[(r["task_id"], r["seed"])].append(r)
@@ -292,11 +290,6 @@ def export_training(out: Path, name: str) -> None:
             write_gz(dest / f"{name}{suffix}.jsonl.gz", [src.read_text(encoding="utf-8")])
 
 
-def _load_groups(path: Path) -> list[dict[str, Any]]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(x) for x in f if x.strip()]
-
-
 def live_gate() -> dict[str, Any]:
     """Per training run, from its committed groups: the gate's decisions at the pick against each group's final
     variance (precision with its Wilson interval, recall, the base rate of zero-variance groups) and the share of
@@ -315,7 +308,7 @@ def live_gate() -> dict[str, Any]:
         if path.name.endswith("-metrics.jsonl.gz"):
             continue
         name = path.name.removesuffix(".jsonl.gz")
-        groups = _load_groups(path)
+        groups = load_outcomes(path)
         recs = [g["gate_records"][0] for g in groups if g.get("gate_records")]
         stops = [r for r in recs if r["action"] == "stop"]
         enforced = any(r.get("enforced") for r in stops)
@@ -338,7 +331,7 @@ def live_gate() -> dict[str, Any]:
                         "ran_whole": len(ran), "ran_whole_zero_variance": zv_ran})
             twin_path = dest / path.name.replace("gate-", "baseline-", 1)
             if name.startswith("gate-") and twin_path.exists():
-                twins = {(g["step"], g["task_id"]): g for g in _load_groups(twin_path)}
+                twins = {(g["step"], g["task_id"]): g for g in load_outcomes(twin_path)}
                 stopped = [g for g in groups if g.get("gate_records") and g["gate_records"][0]["action"] == "stop"]
                 matched = [twins[(g["step"], g["task_id"])] for g in stopped if (g["step"], g["task_id"]) in twins]
                 correct = sum(len(set(t["rewards"])) == 1 for t in matched)
@@ -387,7 +380,7 @@ def paired_steps(base: str, gate: str, n_boot: int = 10000, seed: int = 0) -> di
     paths = [dest / f"{n}-metrics.jsonl.gz" for n in (base, gate)]
     if not all(p.exists() for p in paths):
         return {}
-    b, g = ({int(m["step"]): m for m in _load_groups(p)} for p in paths)
+    b, g = ({int(m["step"]): m for m in load_outcomes(p)} for p in paths)
     steps = sorted(set(b) & set(g))
 
     def per_step(m: dict[int, dict[str, Any]], key: str, cumulative: bool) -> list[float]:
