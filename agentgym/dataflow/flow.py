@@ -364,7 +364,10 @@ class DataFlow:
         Tickets not yet trained, filtered or expired (in flight, buffered) are recorded with their ids,
         so a resumed run submits the same tasks again (same ids, so the same derived sampling seeds)
         before drawing new ones: no task is skipped by a crash. The replay buffers are saved with their
-        groups, so a resumed run replays what the interrupted one kept.
+        groups, so a resumed run replays what the interrupted one kept. The outcome counters (groups,
+        episodes, successes, generated tokens, per-policy outcomes, the gates' decisions) carry over too, so a
+        resumed run's totals cover the whole run; they count work done, so a group an interruption threw away
+        and its resubmission both count.
         """
         open_tickets = [{"ticket_id": t.ticket_id, "env_id": t.task.env_id, "task_id": t.task.task_id,
                          "seed": t.task.seed, "info": t.task.info}
@@ -374,7 +377,11 @@ class DataFlow:
         self._ids = itertools.count(n)  # peeking must not skip an id
         return {"stream": self.stream.state_dict(), "versions": dict(self.versions), "served": dict(self.served),
                 "consumed": dict(self.consumed), "done": dict(self.done), "next_id": n, "open": open_tickets,
-                "replay": {p: r.state_dict() for p, r in self.replay.items() if r.added}}  # kept groups <= added
+                "replay": {p: r.state_dict() for p, r in self.replay.items() if r.added},  # kept groups <= added
+                "totals": {"groups": self.finished_groups, "episodes": self.finished_episodes,
+                           "successes": self.finished_successes, "generated_tokens": self.generated_tokens,
+                           "outcomes": {p: dict(o) for p, o in self.outcomes.items()},
+                           "gates": {g: dict(v) for g, v in self.gate_stats.items()}}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state["stream"])
@@ -386,6 +393,16 @@ class DataFlow:
         for p, rs in (state.get("replay") or {}).items():
             if p in self.replay:
                 self.replay[p].load_state_dict(rs)
+        totals = state.get("totals") or {}  # absent in checkpoints written before the counters were saved
+        self.finished_groups = int(totals.get("groups", 0))
+        self.finished_episodes = int(totals.get("episodes", 0))
+        self.finished_successes = int(totals.get("successes", 0))
+        self.generated_tokens = int(totals.get("generated_tokens", 0))
+        for p, o in (totals.get("outcomes") or {}).items():
+            if p in self.outcomes:
+                self.outcomes[p] = {str(k): int(v) for k, v in o.items()}
+        self.gate_stats = {str(g): {str(k): float(v) for k, v in st.items()}
+                           for g, st in (totals.get("gates") or {}).items()}
         for o in sorted(state.get("open", []), key=lambda o: _ticket_no(o["ticket_id"])):
             task = TaskRef(o["env_id"], o["task_id"], o["seed"], dict(o.get("info") or {}))
             ticket = Ticket(o["ticket_id"], task, self.params.workflow, tuple(self.params.policies))
