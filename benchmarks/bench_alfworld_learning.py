@@ -390,11 +390,12 @@ def cap_disagreements(src: Path, dst: Path, cap: int) -> dict[str, int]:
     return {"transcripts": kept, "cut": cut, "cap": cap}
 
 
-def dagger(base_arm: str, expert_n: int, tasks: int, cap: int = 4) -> dict[str, Any]:
+def dagger(base_arm: str, expert_n: int, tasks: int, cap: int = 4, extra: Sequence[str] = ()) -> dict[str, Any]:
     """One DAgger round: ``base_arm``'s model acts on ``tasks`` train tasks (T=0.7, the eval's sampling), the
     observation-only expert labels every state, each transcript is cut after its ``cap``-th disagreement
     (:func:`cap_disagreements`); then ``base_arm``'s model is fine-tuned on those relabelled transcripts plus the
-    ``expert_n`` expert transcripts for one more epoch (same config otherwise)."""
+    ``expert_n`` expert transcripts for one more epoch (same config otherwise; ``extra`` are the --train-set
+    overrides, give the ones ``base_arm`` trained with)."""
     model = RUN / base_arm / "final"
     out = RUN / f"dagger-{base_arm}-{tasks}.jsonl"
     if not out.exists():
@@ -410,7 +411,7 @@ def dagger(base_arm: str, expert_n: int, tasks: int, cap: int = 4) -> dict[str, 
     cut = cap_disagreements(out, capped, cap)
     arm = f"dagger-{base_arm}"
     r = sft(arm, [RUN / f"expert-{expert_n}.jsonl", capped], f"model.path={model.relative_to(ROOT)}", "data.epochs=1",
-            "optim.warmup_steps=0")
+            "optim.warmup_steps=0", *extra)
     r["collection"] = {"file": str(out.relative_to(ROOT)), **_transcript_stats(out), "capped": cut}
     return r
 
@@ -514,8 +515,8 @@ def main() -> None:
     ap.add_argument("--keep-final", default="", help="arms whose final/ a later stage starts from (DAgger, GRPO), "
                     "kept by --clean")
     ap.add_argument("--summarize", action="store_true", help="run nothing: rebuild the JSON from what finished")
-    ap.add_argument("--train-set", action="append", default=[], help="an extra --set for the sft-N arms' training "
-                    "(repeatable; recorded in each arm's overrides), e.g. run.threads=2 on a quiet machine")
+    ap.add_argument("--train-set", action="append", default=[], help="an extra --set for the sft-N and DAgger arms' "
+                    "training (repeatable; recorded in each arm's overrides), e.g. run.threads=2 on a quiet machine")
     args = ap.parse_args()
     prov = Provenance.start()
     path = RESULTS / f"{EXP}.json"
@@ -537,7 +538,8 @@ def main() -> None:
     if args.dagger_from:
         n = int(args.dagger_from.split("-")[1])
         d = f"dagger-{args.dagger_from}"
-        res["arms"][d] = keep_walls(res["arms"].get(d), dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap))
+        res["arms"][d] = keep_walls(res["arms"].get(d), dagger(args.dagger_from, n, args.dagger_tasks, args.dagger_cap,
+                                                                      args.train_set))
         _save(res, path, args, prov)
     if args.clean:
         keep = {args.dagger_from, *args.keep_final.split(",")}

@@ -253,7 +253,8 @@ def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: in
     groups = [json.loads(x) for x in (out / "groups.jsonl").read_text().splitlines() if x.strip()] \
         if (out / "groups.jsonl").exists() else []
     return {"seed": seed, "overrides": sets, "steps": res.get("steps"), "train_wall_s": res.get("train_wall_s"),
-            "generated_tokens": last.get("flow/generated_tokens"),
+            "generated_tokens": sum(sum(sum(t) for t in g["turn_tokens"]) for g in groups)
+            or last.get("flow/generated_tokens"),
             "trained_tokens": sum(r.get("rollout/trained_tokens") or 0 for r in rows),
             "groups": len(groups), "groups_cut": sum(1 for g in groups if g.get("early_stopped")),
             "live_gates": (res.get("dataflow") or {}).get("gates"), "lr_schedule": res.get("lr_schedule"),
@@ -368,39 +369,87 @@ def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, 
             if g.get(key) and b.get(key):
                 row[key] = {"baseline": b[key], "gate": g[key], "saved_frac": round(1 - g[key] / b[key], 4)}
         row["groups_cut"] = g.get("groups_cut")
-        row["per_step"] = paired_steps(name.replace("gate-", "baseline-"), name)
+        row["per_step"] = paired_steps([(name.replace("gate-", "baseline-"), name)])
         out["cost"][f"{name} vs {name.replace('gate-', 'baseline-')}"] = row
+    out["pooled"] = pooled(files, base_rows, start_arm)
     return out
 
 
-def paired_steps(base: str, gate: str, n_boot: int = 10000, seed: int = 0) -> dict[str, Any]:
+def group_tokens(name: str) -> dict[int, int]:
+    """Generated tokens per training step, summed over a run's committed training groups. The cumulative
+    ``flow/generated_tokens`` metric restarted from zero when a run resumed (before the flow's checkpoint kept its
+    counters), so the groups are the record that holds for every run."""
+    path = EPISODES / EXP / "training-groups" / f"{name}.jsonl.gz"
+    out: dict[int, int] = defaultdict(int)
+    for g in load_outcomes(path) if path.exists() else []:
+        out[int(g["step"])] += sum(sum(t) for t in g["turn_tokens"])
+    return dict(out)
+
+
+def _per_step(m: dict[int, dict[str, Any]], steps: list[int], key: str, cumulative: bool) -> list[float]:
+    vals = [float(m[s].get(key) or 0.0) for s in steps]
+    return [v - (vals[i - 1] if i else 0.0) for i, v in enumerate(vals)] if cumulative else vals
+
+
+def paired_steps(pairs: Sequence[tuple[str, str]], n_boot: int = 10000, seed: int = 0) -> dict[str, Any]:
     """The share of generated tokens and of step wall-clock the gate saved, paired over training steps (both arms
-    of a seed run the same tasks at each step), with a 95% bootstrap interval over steps (ratio of sums)."""
+    of a seed run the same tasks at each step), with a 95% bootstrap interval over steps (ratio of sums). Several
+    ``(baseline, gate)`` pairs (one per seed) pool their steps: a unit is a (seed, step)."""
     dest = EPISODES / EXP / "training-groups"
-    paths = [dest / f"{n}-metrics.jsonl.gz" for n in (base, gate)]
-    if not all(p.exists() for p in paths):
-        return {}
-    b, g = ({int(m["step"]): m for m in load_outcomes(p)} for p in paths)
-    steps = sorted(set(b) & set(g))
-
-    def per_step(m: dict[int, dict[str, Any]], key: str, cumulative: bool) -> list[float]:
-        vals = [float(m[s].get(key) or 0.0) for s in steps]
-        return [v - (vals[i - 1] if i else 0.0) for i, v in enumerate(vals)] if cumulative else vals
-
+    xs: dict[str, tuple[list[float], list[float]]] = {}
+    units = 0
+    for base, gate in pairs:
+        paths = [dest / f"{n}-metrics.jsonl.gz" for n in (base, gate)]
+        if not all(p.exists() for p in paths):
+            return {}
+        b, g = ({int(m["step"]): m for m in load_outcomes(p)} for p in paths)
+        steps = sorted(set(b) & set(g))
+        units += len(steps)
+        tb, tg = group_tokens(base), group_tokens(gate)
+        xb, xg = xs.setdefault("generated_tokens", ([], []))
+        xb += [float(tb.get(s, 0)) for s in steps]
+        xg += [float(tg.get(s, 0)) for s in steps]
+        for label, key in (("step_s", "time/step_s"), ("rollout_s", "time/rollout_s")):
+            xb, xg = xs.setdefault(label, ([], []))
+            xb += _per_step(b, steps, key, False)
+            xg += _per_step(g, steps, key, False)
     rng = random.Random(seed)
-    out: dict[str, Any] = {"steps": len(steps)}
-    for label, key, cum in (("generated_tokens", "flow/generated_tokens", True), ("step_s", "time/step_s", False),
-                            ("rollout_s", "time/rollout_s", False)):
-        xb, xg = per_step(b, key, cum), per_step(g, key, cum)
+    out: dict[str, Any] = {"steps": units}
+    for label, (xb, xg) in xs.items():
         boots = []
         for _ in range(n_boot):
-            idx = [rng.randrange(len(steps)) for _ in steps]
+            idx = [rng.randrange(units) for _ in range(units)]
             sb = sum(xb[i] for i in idx)
             boots.append(1 - sum(xg[i] for i in idx) / sb if sb else 0.0)
         boots.sort()
         out[label] = {"baseline": round(sum(xb), 2), "gate": round(sum(xg), 2),
                       "saved_frac": round(1 - sum(xg) / sum(xb), 4) if sum(xb) else None,
                       "ci95": [round(boots[int(0.025 * n_boot)], 4), round(boots[int(0.975 * n_boot) - 1], 4)]}
+    return out
+
+
+def pooled(files: dict[str, list[dict[str, Any]]], start_rows: list[dict[str, Any]] | None,
+           start_arm: str | None) -> dict[str, Any]:
+    """The seeds where both arms ran, pooled: each arm against the start and the gate against the baseline, paired
+    over (training seed, task, eval seed, sample) with the interval over tasks (a task's pairs from every seed
+    resampled together; the start's outcomes pair with each seed's). Two training seeds do not estimate the
+    between-seed variance, so the interval covers tasks, not training runs. Costs pool the seeds' steps."""
+    seeds = sorted(int(n.removeprefix("baseline-seed")) for n in files
+                   if n.startswith("baseline-seed") and n.replace("baseline-", "gate-", 1) in files)
+    if len(seeds) < 2:
+        return {}
+
+    def tag(rows: list[dict[str, Any]], s: int) -> list[dict[str, Any]]:
+        return [{**r, "sample": f"{s}/{r['sample']}"} for r in rows]
+
+    arms = {arm: [r for s in seeds for r in tag(files[f"{arm}-seed{s}"], s)] for arm in ("baseline", "gate")}
+    out: dict[str, Any] = {"seeds": seeds}
+    if start_rows is not None:
+        start = [r for s in seeds for r in tag(start_rows, s)]
+        for arm, rows in arms.items():
+            out[f"{arm} - start ({start_arm})"] = paired_bootstrap(start, rows)
+    out["gate - baseline"] = paired_bootstrap(arms["baseline"], arms["gate"])
+    out["cost_per_step"] = paired_steps([(f"baseline-seed{s}", f"gate-seed{s}") for s in seeds])
     return out
 
 
@@ -455,6 +504,9 @@ def main() -> None:
                                                                  args.train_set, start_sha256)
                 record_invocation(res, prov)
                 path.write_text(json.dumps(res, indent=1, default=str))
+    for name, rec in (res.get("training") or {}).items():  # runs recorded from the metric a resume restarted
+        if tokens := sum(group_tokens(name).values()):
+            rec["generated_tokens"] = tokens
     if res.get("training"):
         res["training_summary"] = summarize_training(res, args.start_arm)
     res["training_live_gate"] = live_gate()
@@ -478,6 +530,13 @@ def main() -> None:
             print(f"{name} (live, audit mode): {g['stops']} of {g['groups']} groups stopped, precision "
                   f"{g['precision']} {g['precision_ci95']}, recall {g['recall']}, base rate {g['base_rate']}, "
                   f"tokens after the stops {g['tokens_after_stops_frac']}")
+    for label, r in ((res.get("training_summary") or {}).get("pooled") or {}).items():
+        if isinstance(r, dict) and "mean" in r:
+            print(f"pooled {label}: {r['mean']:+.4f} {r['ci95']} ({r['b_wins']} won, {r['a_wins']} lost, "
+                  f"{r['episodes']} pairs)")
+        elif label == "cost_per_step":
+            print(f"pooled cost over {r.get('steps')} (seed, step) units: " + ", ".join(
+                f"{k} saved {v['saved_frac']} {v['ci95']}" for k, v in r.items() if isinstance(v, dict)))
     for t, a in res["audit"].items():
         for r in a["sweep"]["views"]["action/step"]:
             p = next(p for p in r["sweep"] if p["d"] == 0.12)
