@@ -138,7 +138,11 @@ progress = false
     res = subprocess.run([sys.executable, "-m", "agentgym", "train", "--config", str(cfg), "--set",
                           f"run.steps={done + 1}"], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == list(range(done + 1))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(done + 1))
+    # the flow's cumulative counters carry over the resume: they keep growing, not restart from zero
+    for key in ("flow/groups_finished", "flow/generated_tokens"):
+        assert rows[done][key] > rows[done - 1][key] > 0, (key, [r[key] for r in rows])
 
 
 def test_a_batch_where_every_group_was_filtered(tiny_model: str, tmp_path: Path,
