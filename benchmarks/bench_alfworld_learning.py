@@ -365,7 +365,7 @@ def cap_disagreements(src: Path, dst: Path, cap: int) -> dict[str, int]:
     the expert's path, before the episode degenerates into loops) are kept. The cut keeps messages, turns and
     labels aligned (one label per assistant message), so the loader's checks still hold."""
     # the loader's own test of "differs", so the cut counts alike
-    from agentgym.trainers.sft import _same, label_of
+    from agentgym.rollout.collect import label_of, same_action
 
     kept = cut = 0
     with src.open() as fin, dst.open("w") as fout:
@@ -376,7 +376,7 @@ def cap_disagreements(src: Path, dst: Path, cap: int) -> dict[str, int]:
             labels = r["info"].get("labels") or []
             asst = [i for i, m in enumerate(r["messages"]) if m["role"] == "assistant"]
             differ = [j for j, (lb, i) in enumerate(zip(labels, asst, strict=False))
-                      if lb is not None and not _same(label_of(lb), label_of(r["messages"][i]))]
+                      if lb is not None and not same_action(label_of(lb), label_of(r["messages"][i]))]
             if len(differ) > cap:
                 last = differ[cap - 1]
                 r["messages"] = r["messages"][: asst[last] + 1]

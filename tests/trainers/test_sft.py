@@ -144,3 +144,36 @@ def test_collect_writes_in_task_order_whatever_finishes_first(tmp_path: Path) ->
     assert [(r["task_id"], r["member"]) for r in rows] == [(t, m) for t in want for m in (0, 1)]
     turns = [len(r["messages"]) for r in rows]
     assert len(set(turns)) > 1  # episodes of unequal length: finishing order is not the task order by itself
+
+
+def test_dagger_cap_keeps_the_first_disagreements_and_still_loads(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    """The ALFWorld DAgger round cuts each relabelled transcript after its cap-th disagreement
+    (``bench_alfworld_learning.cap_disagreements``): the cut must count disagreements as the loader does and
+    leave messages and labels aligned, or the round fails after its collection (it did once: a stale import)."""
+    import importlib.util
+
+    root = HERE.parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_alfworld_learning",
+                                                      root / "benchmarks" / "bench_alfworld_learning.py")
+        assert spec and spec.loader
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    acts = ["lookup[]", "lookup[x]", "lookup[y]", "lookup[]", "lookup[z]", "answer[red]"]
+    labels = ["lookup[]", "answer[red]", "answer[red]", "lookup[]", "answer[red]", "answer[red]"]  # 3 differ
+    src, dst = tmp_path / "relabelled.jsonl", tmp_path / "capped.jsonl"
+    rows = [_transcript(acts, labels), _transcript(acts[:2], labels[:2])]
+    src.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in rows))
+    assert bench.cap_disagreements(src, dst, cap=2) == {"transcripts": 2, "cut": 1, "cap": 2}
+    long, short = [Trajectory.from_dict(json.loads(x)) for x in dst.read_text().splitlines()]
+    # cut right after the second disagreement (the third move): three moves, three labels
+    assert [m["content"] for m in long.messages if m["role"] == "assistant"] == acts[:3]
+    assert long.info["labels"] == labels[:3] and long.info["cut_after_disagreement"] == 2
+    assert short.messages == rows[1].messages and "cut_after_disagreement" not in short.info
+    main, *branches = transcript_samples(long, tiny_tokenizer)
+    assert len(branches) == 2  # both kept disagreements train the expert's label
+    samples, counts = sft_samples([long, short], tiny_tokenizer)
+    assert counts["relabelled_turns"] == 3
