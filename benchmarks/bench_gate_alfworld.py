@@ -386,11 +386,6 @@ def group_tokens(name: str) -> dict[int, int]:
     return dict(out)
 
 
-def _per_step(m: dict[int, dict[str, Any]], steps: list[int], key: str, cumulative: bool) -> list[float]:
-    vals = [float(m[s].get(key) or 0.0) for s in steps]
-    return [v - (vals[i - 1] if i else 0.0) for i, v in enumerate(vals)] if cumulative else vals
-
-
 def paired_steps(pairs: Sequence[tuple[str, str]], n_boot: int = 10000, seed: int = 0) -> dict[str, Any]:
     """The share of generated tokens and of step wall-clock the gate saved, paired over training steps (both arms
     of a seed run the same tasks at each step), with a 95% bootstrap interval over steps (ratio of sums). Several
@@ -411,8 +406,8 @@ def paired_steps(pairs: Sequence[tuple[str, str]], n_boot: int = 10000, seed: in
         xg += [float(tg.get(s, 0)) for s in steps]
         for label, key in (("step_s", "time/step_s"), ("rollout_s", "time/rollout_s")):
             xb, xg = xs.setdefault(label, ([], []))
-            xb += _per_step(b, steps, key, False)
-            xg += _per_step(g, steps, key, False)
+            xb += [float(b[s].get(key) or 0.0) for s in steps]
+            xg += [float(g[s].get(key) or 0.0) for s in steps]
     rng = random.Random(seed)
     out: dict[str, Any] = {"steps": units}
     for label, (xb, xg) in xs.items():
