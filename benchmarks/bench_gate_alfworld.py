@@ -253,8 +253,7 @@ def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: in
     groups = [json.loads(x) for x in (out / "groups.jsonl").read_text().splitlines() if x.strip()] \
         if (out / "groups.jsonl").exists() else []
     return {"seed": seed, "overrides": sets, "steps": res.get("steps"), "train_wall_s": res.get("train_wall_s"),
-            "generated_tokens": sum(sum(sum(t) for t in g["turn_tokens"]) for g in groups)
-            or last.get("flow/generated_tokens"),
+            "generated_tokens": last.get("flow/generated_tokens"),  # main() recounts it from the groups
             "trained_tokens": sum(r.get("rollout/trained_tokens") or 0 for r in rows),
             "groups": len(groups), "groups_cut": sum(1 for g in groups if g.get("early_stopped")),
             "live_gates": (res.get("dataflow") or {}).get("gates"), "lr_schedule": res.get("lr_schedule"),
@@ -314,7 +313,7 @@ def live_gate() -> dict[str, Any]:
         stops = [r for r in recs if r["action"] == "stop"]
         enforced = any(r.get("enforced") for r in stops)
         zv = sum(len(set(g["rewards"])) == 1 for g in groups)
-        tokens = sum(sum(sum(t) for t in g["turn_tokens"]) for g in groups)
+        tokens = sum(map(_tokens, groups))
         row: dict[str, Any] = {"groups": len(groups), "decisions": len(recs), "stops": len(stops), "enforced": enforced,
                                "generated_tokens": tokens}
         if not enforced:
@@ -375,6 +374,11 @@ def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, 
     return out
 
 
+def _tokens(group: dict[str, Any]) -> int:
+    """Tokens a training group's members generated, from its committed record."""
+    return sum(sum(t) for t in group["turn_tokens"])
+
+
 def group_tokens(name: str) -> dict[int, int]:
     """Generated tokens per training step, summed over a run's committed training groups. The cumulative
     ``flow/generated_tokens`` metric restarted from zero when a run resumed (before the flow's checkpoint kept its
@@ -382,7 +386,7 @@ def group_tokens(name: str) -> dict[int, int]:
     path = EPISODES / EXP / "training-groups" / f"{name}.jsonl.gz"
     out: dict[int, int] = defaultdict(int)
     for g in load_outcomes(path) if path.exists() else []:
-        out[int(g["step"])] += sum(sum(t) for t in g["turn_tokens"])
+        out[int(g["step"])] += _tokens(g)
     return dict(out)
 
 
