@@ -37,6 +37,11 @@ protocol; outcomes in ``episodes/gate_alfworld/<arm>-seed<s>.jsonl.gz``. The bas
 
 Run: ``python benchmarks/bench_gate_alfworld.py audit --model runs/alfworld-learning/sft-512/final``, then
 ``python benchmarks/bench_gate_alfworld.py train --model ... --start-arm sft-512 --seeds 0,1``.
+
+**Another start** (``--tag``): the same GRPO recipe from another stage-1 arm, e.g. ``train --tag from-sft-128
+--model runs/alfworld-learning/sft-128/final --start-arm sft-128 --arms baseline --seeds 0``, is a separate
+experiment: ``runs/gate-alfworld/<tag>/``, ``episodes/gate_alfworld-<tag>/`` and ``gate_alfworld-<tag>.json``,
+with the gate's audit-mode setting taken from the main experiment's pick.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -465,10 +471,24 @@ def main() -> None:
     ap.add_argument("--train-set", action="append", default=[],
                     help="an extra --set for both arms' GRPO runs (e.g. run.threads=2 on a quiet machine); recorded "
                          "in each run's overrides, so give both arms and every seed the same ones")
+    ap.add_argument("--tag", default=None,
+                    help="train/summarize a separate experiment (e.g. from-sft-128 for GRPO from another start): "
+                         "its runs, outcomes and JSON get their own names (gate_alfworld-<tag>), and it takes the "
+                         "gate's setting from the main experiment's audit")
     args = ap.parse_args()
     prov = Provenance.start()
+    pick_from = None
+    if args.tag:
+        global EXP, RUN
+        if args.stage == "audit" or not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", args.tag):
+            raise SystemExit("--tag names a training experiment (lowercase letters, digits, '.', '-'); the audit "
+                             "is the main experiment's")
+        pick_from = json.loads((RESULTS / f"{EXP}.json").read_text()).get("pick")
+        EXP, RUN = f"{EXP}-{args.tag}", RUN / args.tag
     path = RESULTS / f"{EXP}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if pick_from is not None:
+        res["pick"], res["pick_from"] = pick_from, "gate_alfworld.json (the main experiment's audit)"
     res.setdefault("audit", {})
     for t in [float(x) for x in args.temperatures.split(",") if x.strip()] if args.stage != "train" else []:
         arm = f"audit-T{t}"
