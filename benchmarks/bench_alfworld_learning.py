@@ -178,6 +178,14 @@ def recompute(experiment: str = EXP, pairs: Iterable[tuple[str, str]] = ()) -> d
     for a, b in pairs:
         if a in arms and b in arms:
             out["paired"][f"{b} - {a}"] = paired_bootstrap(arms[a], arms[b])
+    # an arm trained again (same recipe and data; before collect wrote transcripts in task order, the data order
+    # differed): the first run's outcomes, kept under first-runs/, against the arm's current ones
+    for p in sorted((EPISODES / experiment / "first-runs").glob("*.jsonl.gz")):
+        arm = p.name.removesuffix(".jsonl.gz")
+        if arm in arms:
+            first = load_outcomes(p)
+            out.setdefault("retrain_vs_first", {})[arm] = {"first": clustered_bootstrap(first),
+                                                           "retrain - first": paired_bootstrap(first, arms[arm])}
     return out
 
 
@@ -310,7 +318,10 @@ def sft(arm: str, data: list[Path], *sets: str, config: str = CONFIG, run: Path 
 
 def keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """A rerun skips the stages that are done and so measures no wall-clock for them (``stage_wall_s`` is None):
-    keep the figure the run that did the work recorded."""
+    keep the figure the run that did the work recorded. A ``note`` written beside a run's record (how it was
+    made, when a driver did not make it) is kept too."""
+    if old and "note" in old and "note" not in new:
+        new["note"] = old["note"]
     for key, value in new.items():
         prior = (old or {}).get(key)
         if key == "stage_wall_s" and value is None and prior is not None:
@@ -588,6 +599,11 @@ def print_recomputed(rec: dict[str, Any]) -> None:
               f"({s['episodes']} episodes, {s['tasks']} tasks)", flush=True)
     for k, p in rec["paired"].items():
         print(f"  {k}: {100 * p['mean']:+.1f} pp [{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}]", flush=True)
+    for arm, r in (rec.get("retrain_vs_first") or {}).items():
+        f, d = r["first"], r["retrain - first"]
+        print(f"  {arm} retrained - first run ({100 * f['mean']:.1f}%): {100 * d['mean']:+.1f} pp "
+              f"[{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}] ({d['b_wins']} won, {d['a_wins']} lost)",
+              flush=True)
 
 
 if __name__ == "__main__":
