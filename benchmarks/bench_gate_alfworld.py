@@ -435,26 +435,30 @@ def paired_steps(pairs: Sequence[tuple[str, str]], n_boot: int = 10000, seed: in
 
 def pooled(files: dict[str, list[dict[str, Any]]], start_rows: list[dict[str, Any]] | None,
            start_arm: str | None) -> dict[str, Any]:
-    """The seeds where both arms ran, pooled: each arm against the start and the gate against the baseline, paired
-    over (training seed, task, eval seed, sample) with the interval over tasks (a task's pairs from every seed
+    """The training seeds pooled: each arm against the start and the gate against the baseline, paired over
+    (training seed, task, eval seed, sample) with the interval over tasks (a task's pairs from every seed
     resampled together; the start's outcomes pair with each seed's). Two training seeds do not estimate the
-    between-seed variance, so the interval covers tasks, not training runs. Costs pool the seeds' steps."""
-    seeds = sorted(int(n.removeprefix("baseline-seed")) for n in files
-                   if n.startswith("baseline-seed") and n.replace("baseline-", "gate-", 1) in files)
+    between-seed variance, so the interval covers tasks, not training runs. Costs pool the seeds' steps. The gate
+    arm is pooled only where every baseline seed has its gate twin; a baseline-only experiment (``--tag``) pools
+    its baseline seeds against the start."""
+    seeds = sorted(int(n.removeprefix("baseline-seed")) for n in files if n.startswith("baseline-seed"))
     if len(seeds) < 2:
         return {}
+    both = all(f"gate-seed{s}" in files for s in seeds)
 
     def tag(rows: list[dict[str, Any]], s: int) -> list[dict[str, Any]]:
         return [{**r, "sample": f"{s}/{r['sample']}"} for r in rows]
 
-    arms = {arm: [r for s in seeds for r in tag(files[f"{arm}-seed{s}"], s)] for arm in ("baseline", "gate")}
+    arms = {arm: [r for s in seeds for r in tag(files[f"{arm}-seed{s}"], s)]
+            for arm in (("baseline", "gate") if both else ("baseline",))}
     out: dict[str, Any] = {"seeds": seeds}
     if start_rows is not None:
         start = [r for s in seeds for r in tag(start_rows, s)]
         for arm, rows in arms.items():
             out[f"{arm} - start ({start_arm})"] = paired_bootstrap(start, rows)
-    out["gate - baseline"] = paired_bootstrap(arms["baseline"], arms["gate"])
-    out["cost_per_step"] = paired_steps([(f"baseline-seed{s}", f"gate-seed{s}") for s in seeds])
+    if both:
+        out["gate - baseline"] = paired_bootstrap(arms["baseline"], arms["gate"])
+        out["cost_per_step"] = paired_steps([(f"baseline-seed{s}", f"gate-seed{s}") for s in seeds])
     return out
 
 
