@@ -132,6 +132,7 @@ class RLRecipe:
         self.whole: dict[str, Any] = {}  # sharded: rank 0's one-process copy of each policy's model (publishing,
         # eval, final/; None off rank 0)
         self._kept: dict[str, Batch] = {}  # multi.schedule = "alternating_kept": a batch awaiting its policy's step
+        self._train_lock = asyncio.Lock()  # updates run in a thread (off the event loop), one after another
         # sharded full fine-tune: each rank diffs its own slices after an update (trainers.shard_delta); rank 0
         # encodes the changes, and keeps no whole copy of a policy between steps once its deltas run
         self.deltas: dict[str, ShardDeltas] = {}
@@ -438,8 +439,9 @@ class RLRecipe:
             m["train"] = tr.train_on(samples, whole_batch=True)
         elif in_thread:
             m["train"] = await asyncio.to_thread(tr.train_on, samples)
-        else:
-            m["train"] = tr.train_on(samples)
+        else:  # off the event loop, so the services' heartbeats and rollouts go on; one update at a time
+            async with self._train_lock:
+                m["train"] = await asyncio.to_thread(tr.train_on, samples)
         return m
 
     # ================================================================== sharded: what every rank does in step

@@ -7,7 +7,10 @@ Its control loop, independent of any trainer:
   ready service with spare capacity;
 * **collect**: one poll loop per service; a poll is also the service's heartbeat. A service whose
   poll fails, or that misses heartbeats for ``dead_after_s``, is dead: its in-flight tickets are
-  resubmitted (next attempt) and a late result of an old attempt is refused;
+  resubmitted (next attempt) and a late result of an old attempt is refused. A watcher ticks on the same
+  event loop: while the loop itself was blocked no heartbeat could be heard, so a timeout then is not
+  held against the service. A trainer waiting for a batch when every service has been dead for
+  ``dead_after_s`` gets :class:`~agentgym.dataflow.service.NoLiveService` instead of waiting forever;
 * **filter**: each finished group goes, per policy it feeds, through the group filters (errors,
   early-stopped, zero-variance / DAPO dynamic sampling); what passes waits in that policy's buffer;
 * **serve**: :meth:`DataFlow.get_batch` hands a trainer ``groups_per_step`` groups (plus replayed
@@ -55,7 +58,7 @@ from typing import Any
 from agentgym.dataflow.config import DataflowConfig, FlowParams, check_combination
 from agentgym.dataflow.ledger import Ledger, Ticket
 from agentgym.dataflow.replay import GroupReplay
-from agentgym.dataflow.service import ServiceDead, ServiceHandle, ServiceResult
+from agentgym.dataflow.service import NoLiveService, ServiceDead, ServiceHandle, ServiceResult
 from agentgym.dataflow.tasks import TaskRef, TaskStream
 from agentgym.errors import ConfigurationError
 from agentgym.types import TrajectoryGroup
@@ -191,6 +194,10 @@ class DataFlow:
         self._ids = itertools.count()
         self._cond: asyncio.Condition | None = None
         self._dispatcher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._tick = time.monotonic()  # the watcher's last tick: this process's event loop was running then
+        self._stall_end = float("-inf")  # when the loop last came back from being blocked
+        self._no_live_since: float | None = None  # every registered service dead since then
         self._running = False
         self.paused = False
         self.events: list[tuple[float, str]] = []  # joins, deaths, resubmits (for logs and tests)
@@ -202,6 +209,8 @@ class DataFlow:
             return
         self._running = True
         self._start_collectors()
+        self._tick = time.monotonic()
+        self._watcher = asyncio.ensure_future(self._watch_loop())
         self._dispatcher = asyncio.ensure_future(self._dispatch_loop())
 
     def _start_collectors(self) -> None:
@@ -212,7 +221,8 @@ class DataFlow:
     async def stop(self, *, stop_services: bool = True) -> None:
         """Stop the loops (and the services); what is in flight stays unresolved (see :meth:`drain`)."""
         self._running = False
-        tasks = [t for t in [self._dispatcher, *(s.task for s in self.services.values())] if t is not None]
+        tasks = [t for t in [self._dispatcher, self._watcher, *(s.task for s in self.services.values())]
+                 if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -275,6 +285,24 @@ class DataFlow:
         with contextlib.suppress(Exception):
             await svc.handle.stop()
 
+    def _check_live(self, policy_id: str) -> None:
+        """A trainer waits for a batch only while some service can still make one: once every registered service
+        has been dead for ``dead_after_s`` (time for a replacement to join), raise instead of waiting forever.
+
+        Raises:
+            NoLiveService: with the services' deaths, as the flow's events recorded them.
+        """
+        if not self.services or any(s.alive for s in self.services.values()):
+            self._no_live_since = None
+            return
+        now = time.monotonic()
+        if self._no_live_since is None:
+            self._no_live_since = now
+        if now - self._no_live_since > self.params.dead_after_s:
+            deaths = "; ".join(e for _, e in self.events if e.startswith("dead "))
+            raise NoLiveService(f"no batch for {policy_id!r} can come: every rollout service is dead ({deaths}) "
+                                f"and none joined within {self.params.dead_after_s:g} s")
+
     def live_services(self) -> list[str]:
         return [sid for sid, s in self.services.items() if s.alive]
 
@@ -298,6 +326,7 @@ class DataFlow:
 
         Raises:
             asyncio.TimeoutError: no batch within ``timeout``.
+            NoLiveService: every service is dead and none joined within ``dead_after_s``.
         """
         if policy_id not in self.buffers:
             raise ConfigurationError(f"the dataflow layer trains {list(self.buffers)}, not {policy_id!r}")
@@ -325,6 +354,7 @@ class DataFlow:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise asyncio.TimeoutError(f"no batch for {policy_id!r} within {timeout} s")
+                self._check_live(policy_id)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(cond.wait(), 1.0 if left is None else min(1.0, left))
             items = self._take(policy_id, n_fresh)
@@ -440,6 +470,25 @@ class DataFlow:
         room = min((self.done[p] + k + 1) * n - self.consumed[p] - self._pipeline(p) for p in self.params.policies)
         return max(0, room)
 
+    @property
+    def stall_s(self) -> float:
+        """A gap between the watcher's ticks longer than this means this process's event loop was blocked."""
+        return max(1.0, 10 * self.params.poll_s)
+
+    async def _watch_loop(self) -> None:
+        """Ticks every ``poll_s``; a late tick means the event loop was blocked (a trainer step or a checkpoint
+        run on it), and for that long no heartbeat could be heard, however healthy the services were."""
+        while self._running:
+            await asyncio.sleep(self.params.poll_s)
+            now = time.monotonic()
+            if now - self._tick > self.stall_s:
+                self._stall_end = now
+            self._tick = now
+
+    def loop_stalled_since(self, t0: float) -> bool:
+        """Was this process's event loop blocked at some point since ``t0`` (or is it just coming back)?"""
+        return self._stall_end >= t0 or time.monotonic() - self._tick > self.stall_s
+
     async def _dispatch_loop(self) -> None:
         cond = self._condition()
         while self._running:
@@ -484,12 +533,18 @@ class DataFlow:
     async def _collect_loop(self, service_id: str) -> None:
         svc = self.services[service_id]
         while self._running and svc.alive:
+            t0 = time.monotonic()
             try:
                 results = await asyncio.wait_for(svc.handle.collect(self.params.poll_s),
                                                  self.params.poll_s + self.params.dead_after_s)
             except asyncio.CancelledError:
                 raise
-            except (ServiceDead, asyncio.TimeoutError) as e:
+            except asyncio.TimeoutError as e:
+                if self.loop_stalled_since(t0):  # our loop was blocked, not the service silent: poll again
+                    continue
+                self._mark_dead(service_id, f"{type(e).__name__}: no heartbeat for {self.params.dead_after_s:g} s")
+                return
+            except ServiceDead as e:
                 self._mark_dead(service_id, f"{type(e).__name__}: {e}")
                 return
             except Exception as e:  # a transport error: the service is unreachable

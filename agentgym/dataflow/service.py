@@ -31,11 +31,16 @@ from agentgym.weights import WeightUpdate, crc32, decode, shared_key
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LocalService", "RolloutService", "ServiceDead", "ServiceHandle", "ServiceResult"]
+__all__ = ["LocalService", "NoLiveService", "RolloutService", "ServiceDead", "ServiceHandle", "ServiceResult"]
 
 
 class ServiceDead(AgentGymError, RuntimeError):
     """A rollout service stopped answering (killed, crashed, or removed)."""
+
+
+class NoLiveService(AgentGymError, RuntimeError):
+    """Every rollout service of the run is dead and none joined in time: no batch can come (a trainer waiting for
+    one would wait forever)."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataflow_fakes import ENV, configs, make_service
 from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.dataflow.flow import DataFlow
 from agentgym.dataflow.ledger import LedgerError
-from agentgym.dataflow.service import ServiceDead
+from agentgym.dataflow.service import NoLiveService, ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError
 from agentgym.weights import WeightUpdate
@@ -133,6 +133,63 @@ async def test_dead_service_detected_by_missed_heartbeats() -> None:
         await flow.stop(stop_services=True)
     assert not flow.services["hung"].alive and time.monotonic() - t0 < 30
     assert any("dead hung" in e for _, e in flow.events)
+    flow.ledger.check(drained=True)
+
+
+async def test_a_blocked_event_loop_does_not_kill_a_healthy_service() -> None:
+    """A long step run on the flow's own event loop (a trainer update, a checkpoint) stops every heartbeat from
+    being heard: that is this process's stall, not the service's silence. (A 653 s update once marked the only
+    rollout service dead and the run waited forever.)"""
+    flow = _flow(max_staleness=0, dead_after_s=0.3)
+    flow.add_service(make_service("s0", latency=0.02), capacity=3)
+    await flow.start()
+    try:
+        await train(flow, 1)
+        time.sleep(5 * 0.3)  # blocks the loop itself, as an update run on it would: five dead_after_s unheard
+        out = await train(flow, 2)
+    finally:
+        await flow.drain(timeout=30)
+        await flow.stop()
+    assert flow.services["s0"].alive, flow.events
+    assert not any(e.startswith("dead ") for _, e in flow.events)
+    assert len(out["tickets"]) == 6
+    flow.ledger.check(drained=True)
+
+
+async def test_a_trainer_is_told_when_every_service_is_dead() -> None:
+    """No service left to make a batch: ``get_batch`` (no timeout of its own) raises a clear error once a
+    replacement has had ``dead_after_s`` to join, instead of waiting forever."""
+    flow = _flow(max_staleness=0, dead_after_s=0.3)
+    only = make_service("only", latency=0.02)
+    flow.add_service(only, capacity=3)
+    await flow.start()
+    try:
+        await train(flow, 1)
+        await only.kill()
+        with pytest.raises(NoLiveService, match=r"every rollout service is dead \(dead only: .*killed\)"):
+            await asyncio.wait_for(flow.get_batch("policy"), 20)  # the bound only turns a hang into a failure
+    finally:
+        await flow.stop()
+
+
+async def test_a_replacement_that_joins_in_time_keeps_the_trainer_waiting() -> None:
+    flow = _flow(max_staleness=0, dead_after_s=5.0)
+    first = make_service("first", latency=0.02)
+    flow.add_service(first, capacity=3)
+    await flow.start()
+    try:
+        await train(flow, 1)
+        await first.kill()
+        while flow.services["first"].alive:  # its collector sees the crash
+            await asyncio.sleep(0.01)
+        second = make_service("second", latency=0.02)
+        await second.update_weights("policy", WeightUpdate.full({}), flow.versions["policy"])  # joins current
+        flow.add_service(second, capacity=3)
+        out = await train(flow, 1)
+    finally:
+        await flow.drain(timeout=30)
+        await flow.stop()
+    assert len(out["tickets"]) == 3 and flow.services["second"].completed >= 3
     flow.ledger.check(drained=True)
 
 
