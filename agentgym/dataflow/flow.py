@@ -544,10 +544,7 @@ class DataFlow:
                     continue
                 self._mark_dead(service_id, f"{type(e).__name__}: no heartbeat for {self.params.dead_after_s:g} s")
                 return
-            except ServiceDead as e:
-                self._mark_dead(service_id, f"{type(e).__name__}: {e}")
-                return
-            except Exception as e:  # a transport error: the service is unreachable
+            except Exception as e:  # ServiceDead, or a transport error: the service is unreachable
                 self._mark_dead(service_id, f"{type(e).__name__}: {e}")
                 return
             svc.last_ok = time.monotonic()
