@@ -12,7 +12,7 @@ from dataflow_fakes import ENV, configs, make_service
 from agentgym.dataflow.config import DataflowConfig, FlowParams
 from agentgym.dataflow.flow import DataFlow
 from agentgym.dataflow.ledger import LedgerError
-from agentgym.dataflow.service import NoLiveService, ServiceDead
+from agentgym.dataflow.service import LocalService, NoLiveService, ServiceDead
 from agentgym.dataflow.tasks import TaskRef, TaskStream, ZeroVarianceSkipper
 from agentgym.errors import ConfigurationError
 from agentgym.weights import WeightUpdate
@@ -156,15 +156,21 @@ async def test_a_blocked_event_loop_does_not_kill_a_healthy_service() -> None:
     flow.ledger.check(drained=True)
 
 
+async def _trained_once_on(name: str, dead_after_s: float) -> tuple[DataFlow, LocalService]:
+    """A synchronous flow with one service, after one trainer step on it."""
+    flow = _flow(max_staleness=0, dead_after_s=dead_after_s)
+    svc = make_service(name, latency=0.02)
+    flow.add_service(svc, capacity=3)
+    await flow.start()
+    await train(flow, 1)
+    return flow, svc
+
+
 async def test_a_trainer_is_told_when_every_service_is_dead() -> None:
     """No service left to make a batch: ``get_batch`` (no timeout of its own) raises a clear error once a
     replacement has had ``dead_after_s`` to join, instead of waiting forever."""
-    flow = _flow(max_staleness=0, dead_after_s=0.3)
-    only = make_service("only", latency=0.02)
-    flow.add_service(only, capacity=3)
-    await flow.start()
+    flow, only = await _trained_once_on("only", dead_after_s=0.3)
     try:
-        await train(flow, 1)
         await only.kill()
         with pytest.raises(NoLiveService, match=r"every rollout service is dead \(dead only: .*killed\)"):
             await asyncio.wait_for(flow.get_batch("policy"), 20)  # the bound only turns a hang into a failure
@@ -173,12 +179,8 @@ async def test_a_trainer_is_told_when_every_service_is_dead() -> None:
 
 
 async def test_a_replacement_that_joins_in_time_keeps_the_trainer_waiting() -> None:
-    flow = _flow(max_staleness=0, dead_after_s=5.0)
-    first = make_service("first", latency=0.02)
-    flow.add_service(first, capacity=3)
-    await flow.start()
+    flow, first = await _trained_once_on("first", dead_after_s=5.0)
     try:
-        await train(flow, 1)
         await first.kill()
         while flow.services["first"].alive:  # its collector sees the crash
             await asyncio.sleep(0.01)
