@@ -45,7 +45,8 @@ class StampEnv(GuessNumberEnv):
 
 
 class GlobalRandomEnv(AgentEnv):
-    """Draws its task from the global ``random`` module, so the same seed does not give the same task."""
+    """Draws its task from the global ``random`` module, so the same seed does not give the same task
+    (and never the same task twice in a row, so the failure is certain rather than likely)."""
 
     def tasks(self, split: str = "train") -> Sequence[TaskSpec]:
         return [TaskSpec(f"t{i}", split) for i in range(50)]
@@ -56,7 +57,12 @@ class GlobalRandomEnv(AgentEnv):
     def _select_task(self, options: dict[str, Any] | None) -> TaskSpec:
         if options and options.get("task_id"):
             return self.get_task(options["task_id"])
-        return self.tasks("train")[random.randrange(50)]
+        # Never the previous task, so every check that compares two resets sees the bug (a plain draw from
+        # 50 repeats one time in 50, and gymnasium's step-determinism check then passed by chance).
+        last = getattr(self, "_last_index", None)
+        index = random.choice([i for i in range(50) if i != last])
+        self._last_index = index
+        return self.tasks("train")[index]
 
     @tool
     def stop(self) -> str:
