@@ -34,6 +34,11 @@ at the pick: stopped groups are cut at step K and kept out of the loss). Per run
 with the load average, groups cut, the live precision/recall, and the held-out eval of ``final/`` with stage 1's
 protocol; outcomes in ``episodes/gate_alfworld/<arm>-seed<s>.jsonl.gz``. The baseline arm is also stage 2
 (GRPO's gain over its start: paired against the start model's own stage-1 outcomes, ``--start-arm``).
+``--arms`` also takes ``dapo`` (the baseline plus DAPO's dynamic sampling: zero-variance groups replaced, up to 2
+extra rounds a step) and ``pilot`` (pilot-then-commit with a 2-member pilot, the gate off): the strategies table's
+comparison on learning, each paired with the baseline of its seed on the held-out episodes (:func:`arm_sets`). The
+gate and pilot arms train on the baseline's tasks at every step; DAPO's replacement groups draw further tasks from
+the stream, so its later steps train on other tasks and its per-step costs pair steps, not tasks.
 
 Run: ``python benchmarks/bench_gate_alfworld.py audit --model runs/alfworld-learning/sft-512/final``, then
 ``python benchmarks/bench_gate_alfworld.py train --model ... --start-arm sft-512 --seeds 0,1``.
@@ -238,14 +243,40 @@ def _plot(res: dict[str, Any], path: Path) -> None:
 
 
 # ============================================================ training arms
+ARMS = ("baseline", "gate", "dapo", "pilot")
+
+
+def arm_sets(arm: str, chosen: dict[str, Any]) -> list[str]:
+    """The overrides that make a training arm; everything else is the same GRPO recipe.
+
+    * ``baseline``: the gate in audit mode at the pick: every group runs whole and trains, and the gate's would-be
+      stops are logged with each group's final variance (the live precision and recall).
+    * ``gate``: the gate enforced at the pick: stopped groups are cut at step K and kept out of the loss.
+    * ``dapo``: the baseline plus DAPO's dynamic sampling: zero-variance groups are dropped and replaced by new
+      groups, up to 2 extra rounds a step (it spends more rollouts for a full batch of informative groups).
+    * ``pilot``: pilot-then-commit: each group first runs a 2-member pilot; a group whose pilot's rewards agree ends
+      there and is not replaced (it saves the other 6 members' rollouts). The gate is off: the two do not combine.
+    """
+    view, level = chosen["view"].split("/")
+    gate = [f"gate.k={chosen['k']}", f"gate.threshold={chosen['d']}", f"gate.view={view}", f"gate.level={level}"]
+    if arm == "baseline":
+        return ["gate.mode=audit", *gate]
+    if arm == "gate":
+        return ["gate.mode=enforce", *gate]
+    if arm == "dapo":
+        return ["gate.mode=audit", *gate, "filter.dynamic_sampling=true", "filter.refill=true",
+                "filter.max_refill_rounds=2"]
+    if arm == "pilot":
+        return ["gate.mode=off", "pilot.mode=enforce", "pilot.size=2", "filter.dynamic_sampling=false",
+                "filter.refill=false"]
+    raise ValueError(f"unknown training arm {arm!r}; arms: {', '.join(ARMS)}")
+
+
 def train_arm(arm: str, seed: int, model: str, chosen: dict[str, Any], steps: int,
               extra: Sequence[str] = (), start_sha256: str | None = None) -> dict[str, Any]:
     out = RUN / arm / f"seed{seed}"
-    gate = ["gate.mode=" + ("audit" if arm == "baseline" else "enforce"), f"gate.k={chosen['k']}",
-            f"gate.threshold={chosen['d']}", f"gate.view={chosen['view'].split('/')[0]}",
-            f"gate.level={chosen['view'].split('/')[1]}"]
     sets = ["run.resume=true", f"run.out_dir={out.relative_to(ROOT)}", f"run.seed={seed}", f"run.steps={steps}",
-            f"model.path={model}", *gate, *extra]
+            f"model.path={model}", *arm_sets(arm, chosen), *extra]
     res_file = out / "result.json"
     if not (res_file.exists() and "steps" in json.loads(res_file.read_text()) and (out / "final").is_dir()):
         with engine_slot(f"GRPO {out.relative_to(ROOT)} (its rollout engine)"):
@@ -358,24 +389,26 @@ def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, 
         out["arms"][name] = clustered_bootstrap(rows)
         if base_rows is not None:
             out["paired"][f"{name} - start ({start_arm})"] = paired_bootstrap(base_rows, rows)
-    for name in files:
-        if name.startswith("gate-seed"):
-            b = name.replace("gate-", "baseline-")
-            if b in files:
-                out["paired"][f"{name} - {b}"] = paired_bootstrap(files[b], files[name])
+    for name in files:  # each strategy arm against the baseline of its seed (same tasks at every step)
+        arm, _, seed = name.partition("-seed")
+        b = f"baseline-seed{seed}"
+        if arm != "baseline" and b in files:
+            out["paired"][f"{name} - {b}"] = paired_bootstrap(files[b], files[name])
     out["cost"] = {}
     runs = res.get("training") or {}
     for name, g in runs.items():
-        b = runs.get(name.replace("gate-", "baseline-"))
-        if not name.startswith("gate-seed") or not b:
+        arm, _, seed = name.partition("-seed")
+        base = f"baseline-seed{seed}"
+        b = runs.get(base)
+        if arm == "baseline" or not b:
             continue
         row = {}
         for key in ("generated_tokens", "trained_tokens", "train_wall_s"):
-            if g.get(key) and b.get(key):
+            if g.get(key) and b.get(key):  # the "gate" key names the strategy arm (kept for the gate's records)
                 row[key] = {"baseline": b[key], "gate": g[key], "saved_frac": round(1 - g[key] / b[key], 4)}
         row["groups_cut"] = g.get("groups_cut")
-        row["per_step"] = paired_steps([(name.replace("gate-", "baseline-"), name)])
-        out["cost"][f"{name} vs {name.replace('gate-', 'baseline-')}"] = row
+        row["per_step"] = paired_steps([(base, name)])
+        out["cost"][f"{name} vs {base}"] = row
     out["pooled"] = pooled(files, base_rows, start_arm)
     return out
 
@@ -519,8 +552,8 @@ def main() -> None:
         start_sha256 = check_start(args.model, args.start_arm)
         res.setdefault("training", {})
         arms = [a for a in args.arms.split(",") if a.strip()]
-        if not arms or set(arms) - {"baseline", "gate"}:
-            raise SystemExit(f"--arms takes baseline and/or gate, got {args.arms!r}")
+        if not arms or set(arms) - set(ARMS):
+            raise SystemExit(f"--arms takes {', '.join(ARMS)} (comma-separated), got {args.arms!r}")
         for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
             for arm in arms:
                 res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps,

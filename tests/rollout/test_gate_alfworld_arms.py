@@ -1,0 +1,98 @@
+"""The ALFWorld gate experiment's training arms: each arm's overrides make a valid run of the one GRPO recipe that
+differs from the baseline only in its strategy, and the summary pairs every strategy arm with its seed's baseline."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainers.config import flow_params, load_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "train" / "alfworld" / "grpo.toml"
+PICK = {"view": "action/step", "k": 2, "d": 0.25}
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_gate_alfworld", ROOT / "benchmarks" / "bench_gate_alfworld.py")
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _config(bench: Any, arm: str) -> Any:
+    return load_train_config(RECIPE, bench.arm_sets(arm, PICK))
+
+
+def test_each_arm_is_the_recipe_with_its_strategy(bench: Any) -> None:
+    cfgs = {arm: _config(bench, arm) for arm in bench.ARMS}
+    base = cfgs["baseline"]
+    assert base.gate.mode == "audit" and (base.gate.k, base.gate.threshold, base.gate.view, base.gate.level) == (
+        2, 0.25, "action", "step")
+    assert not base.filter.dynamic_sampling and base.pilot.mode == "off"
+    assert cfgs["gate"].gate.mode == "enforce" and cfgs["gate"].gate.k == 2
+    dapo = cfgs["dapo"]
+    assert dapo.filter.dynamic_sampling and dapo.filter.refill and dapo.filter.max_refill_rounds == 2
+    assert dapo.gate.mode == "audit"  # the gate's would-be stops are still logged beside DAPO
+    assert flow_params(dapo, ("policy",)).filter_zero_variance
+    assert not flow_params(base, ("policy",)).filter_zero_variance
+    pilot = cfgs["pilot"]
+    assert pilot.pilot.mode == "enforce" and pilot.pilot.size == 2 and pilot.gate.mode == "off"
+    assert not pilot.filter.refill and not pilot.filter.dynamic_sampling
+    # Only the strategy differs: the rest of every arm's config is the baseline's.
+    strategy = {"gate", "filter", "pilot"}
+    for arm, cfg in cfgs.items():
+        other = {k: v for k, v in cfg.to_dict().items() if k not in strategy}
+        assert other == {k: v for k, v in base.to_dict().items() if k not in strategy}, arm
+    with pytest.raises(ValueError, match="unknown training arm 'grpo'"):
+        bench.arm_sets("grpo", PICK)
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def _outcomes(successes: list[int]) -> list[dict[str, Any]]:
+    return [{"task_id": f"t{i // 2}", "seed": i % 2, "sample": 0, "success": s} for i, s in enumerate(successes)]
+
+
+def test_summary_pairs_each_strategy_arm_with_its_seeds_baseline(bench: Any, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "EPISODES", tmp_path)
+    exp = tmp_path / bench.EXP
+    _write(exp / "baseline-seed0.jsonl.gz", _outcomes([0, 0, 1, 0, 1, 0, 0, 0]))
+    _write(exp / "dapo-seed0.jsonl.gz", _outcomes([1, 0, 1, 1, 1, 0, 1, 0]))
+    _write(exp / "pilot-seed0.jsonl.gz", _outcomes([0, 0, 0, 0, 1, 0, 0, 0]))
+    _write(exp / "dapo-seed1.jsonl.gz", _outcomes([1] * 8))  # no baseline for seed 1: nothing to pair with
+    groups = exp / "training-groups"
+    for name, tokens in (("baseline-seed0", 100), ("dapo-seed0", 150), ("pilot-seed0", 40)):
+        _write(groups / f"{name}.jsonl.gz", [{"step": s, "turn_tokens": [[tokens]]} for s in (1, 2)])
+        _write(groups / f"{name}-metrics.jsonl.gz",
+               [{"step": s, "time/step_s": tokens / 10, "time/rollout_s": tokens / 20} for s in (1, 2)])
+    runs = {"baseline-seed0": {"generated_tokens": 200, "train_wall_s": 20.0},
+            "dapo-seed0": {"generated_tokens": 300, "train_wall_s": 30.0, "groups_cut": 0},
+            "pilot-seed0": {"generated_tokens": 80, "train_wall_s": 8.0, "groups_cut": 3}}
+    out = bench.summarize_training({"training": runs}, None)
+    assert set(out["paired"]) == {"dapo-seed0 - baseline-seed0", "pilot-seed0 - baseline-seed0"}
+    dapo = out["paired"]["dapo-seed0 - baseline-seed0"]
+    assert dapo["mean"] == pytest.approx(3 / 8) and (dapo["b_wins"], dapo["a_wins"]) == (3, 0)
+    assert out["paired"]["pilot-seed0 - baseline-seed0"]["mean"] == pytest.approx(-1 / 8)
+    assert set(out["cost"]) == {"dapo-seed0 vs baseline-seed0", "pilot-seed0 vs baseline-seed0"}
+    pilot = out["cost"]["pilot-seed0 vs baseline-seed0"]
+    assert pilot["generated_tokens"]["saved_frac"] == pytest.approx(0.6) and pilot["groups_cut"] == 3
+    assert pilot["per_step"]["generated_tokens"]["saved_frac"] == pytest.approx(0.6)
+    assert out["cost"]["dapo-seed0 vs baseline-seed0"]["per_step"]["step_s"]["saved_frac"] == pytest.approx(-0.5)
