@@ -4,9 +4,7 @@ differs from the baseline only in its strategy, and the summary pairs every stra
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +18,8 @@ PICK = {"view": "action/step", "k": 2, "d": 0.25}
 
 
 @pytest.fixture(scope="module")
-def bench() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_gate_alfworld", ROOT / "benchmarks" / "bench_gate_alfworld.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def bench(bench_loader: Any) -> Any:
+    return bench_loader("bench_gate_alfworld")
 
 
 def _config(bench: Any, arm: str) -> Any:

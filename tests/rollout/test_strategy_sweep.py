@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def bench() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "benchmarks" / "bench_strategies.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def bench(bench_loader: Any) -> Any:
+    return bench_loader("bench_strategies")
 
 
 def _group(calls: list[list[str]], rewards: list[float], tokens: int = 10) -> dict[str, Any]:
