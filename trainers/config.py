@@ -137,7 +137,8 @@ class RolloutConfig(ConfigModel):
         groups_per_step: Groups in one optimizer step (the batch).
         tasks: Use only the first N tasks of the split (spread evenly); ``None``: all of them.
         max_tokens: Tokens per turn.
-        sampling_seeds: Seed every turn (reproducible, but HF then runs rows one at a time).
+        sampling_seeds: Seed every turn from (run seed, ticket): a rerun draws the same samples, up to
+            batch-dependent float rounding (seeded rows still batch: each draws from its own generator).
     """
 
     env: str = "agentgym/Demo-v0"
