@@ -318,10 +318,13 @@ def sft(arm: str, data: list[Path], *sets: str, config: str = CONFIG, run: Path 
 
 def keep_walls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """A rerun skips the stages that are done and so measures no wall-clock for them (``stage_wall_s`` is None):
-    keep the figure the run that did the work recorded. A ``note`` written beside a run's record (how it was
-    made, when a driver did not make it) is kept too."""
+    keep the figure the run that did the work recorded, and the load average measured after that work (the
+    rerun's is the load after skipping it). A ``note`` written beside a run's record (how it was made, when a
+    driver did not make it) is kept too."""
     if old and "note" in old and "note" not in new:
         new["note"] = old["note"]
+    if old and new.get("stage_wall_s", 0) is None and old.get("stage_wall_s") is not None and "load_avg_after" in old:
+        new["load_avg_after"] = old["load_avg_after"]
     for key, value in new.items():
         prior = (old or {}).get(key)
         if key == "stage_wall_s" and value is None and prior is not None:

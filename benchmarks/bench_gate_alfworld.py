@@ -73,6 +73,7 @@ from bench_alfworld_learning import (
     evaluate,
     export_outcomes,
     file_sha256,
+    keep_walls,
     load_outcomes,
     paired_bootstrap,
     record_invocation,
@@ -556,8 +557,9 @@ def main() -> None:
             raise SystemExit(f"--arms takes {', '.join(ARMS)} (comma-separated), got {args.arms!r}")
         for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
             for arm in arms:
-                res["training"][f"{arm}-seed{seed}"] = train_arm(arm, seed, args.model, res["pick"], args.steps,
-                                                                 args.train_set, start_sha256)
+                name = f"{arm}-seed{seed}"  # a restarted driver skips finished stages: keep their wall-clock
+                res["training"][name] = keep_walls(res["training"].get(name), train_arm(
+                    arm, seed, args.model, res["pick"], args.steps, args.train_set, start_sha256))
                 record_invocation(res, prov)
                 path.write_text(json.dumps(res, indent=1, default=str))
     for name, rec in (res.get("training") or {}).items():  # runs recorded from the metric a resume restarted

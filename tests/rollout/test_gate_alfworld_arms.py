@@ -86,3 +86,18 @@ def test_summary_pairs_each_strategy_arm_with_its_seeds_baseline(bench: Any, tmp
     assert pilot["generated_tokens"]["saved_frac"] == pytest.approx(0.6) and pilot["groups_cut"] == 3
     assert pilot["per_step"]["generated_tokens"]["saved_frac"] == pytest.approx(0.6)
     assert out["cost"]["dapo-seed0 vs baseline-seed0"]["per_step"]["step_s"]["saved_frac"] == pytest.approx(-0.5)
+
+
+def test_a_restarted_driver_keeps_the_wall_clock_of_the_stages_it_skips(bench: Any) -> None:
+    """A driver restarted after a seed's eval is complete skips that eval and measures no wall-clock for it
+    (``stage_wall_s`` None): the record keeps what the run that did the work measured, with the load after it."""
+    old = {"seed": 0, "eval": {"stage_wall_s": 2674.5, "load_avg_after": [1.9, 1.7, 1.7], "episodes": 268}}
+    skipped = {"seed": 0, "eval": {"stage_wall_s": None, "load_avg_after": [0.6, 1.7, 2.9], "episodes": 268}}
+    kept = bench.keep_walls(old, skipped)
+    assert kept["eval"] == {"stage_wall_s": 2674.5, "load_avg_after": [1.9, 1.7, 1.7], "episodes": 268}
+    # A stage that ran again measures its own wall-clock and load: those replace the old ones.
+    rerun = {"seed": 0, "eval": {"stage_wall_s": 2500.0, "load_avg_after": [2.0, 2.0, 2.0], "episodes": 268}}
+    assert bench.keep_walls(old, rerun)["eval"] == rerun["eval"]
+    # Nothing to keep on a first run.
+    first = {"seed": 1, "eval": {"stage_wall_s": None, "load_avg_after": [0.1, 0.1, 0.1]}}
+    assert bench.keep_walls(None, first)["eval"]["stage_wall_s"] is None
