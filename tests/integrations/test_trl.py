@@ -29,11 +29,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-@pytest.fixture(scope="module")
-def tiny_player(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tiny_coin.build_tiny_player(tmp_path_factory.mktemp("tiny-player") / "model"))
-
-
 def _config(out: Path, **kw: Any) -> Any:
     from trl import GRPOConfig
 

@@ -6,7 +6,6 @@ Not in ``tests/core/test_readme.py``: building the tiny player and two TRL steps
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,10 @@ def readme_trl_block() -> str:
     return block
 
 
-def test_readme_trl_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    import tiny_coin
-
+def test_readme_trl_example_runs(tiny_player: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = readme_trl_block()
     assert code.count('"smollm2-135m-instruct"') == 2 and "trainer.train()" in code
-    player = tiny_coin.build_tiny_player(tmp_path / "player", steps=100)
+    player = tiny_player  # the TRL tests' player (tests/integrations/conftest.py)
     monkeypatch.chdir(tmp_path)  # GRPOConfig's default output_dir
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     ns: dict[str, object] = {"__name__": "readme_trl"}
