@@ -11,10 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import sys
 import threading
 import time
 from typing import Any
+
+# Imported here, not in the agents: a sync agent runs in threads, several at once, and threads that import a
+# package for the first time together can get it partially initialized (AttributeError on httpx.URL).
+import httpx
+import openai
 
 MAX_TURNS = 6
 
@@ -29,21 +35,15 @@ def _tls() -> Any:
     of the harness learning test's CPU with two new clients an episode."""
     with _TLS_LOCK:  # the first episodes start together: one builds it, the rest wait for it
         if not _TLS:
-            import ssl
-
             _TLS.append(ssl.create_default_context())
     return _TLS[0]
 
 
 def _env_client(task: dict[str, Any]) -> Any:
-    import httpx
-
     return httpx.Client(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300, verify=_tls())
 
 
 def _model_client(task: dict[str, Any]) -> Any:
-    import openai
-
     return openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0, timeout=300,
                          http_client=openai.DefaultHttpxClient(verify=_tls()))
 
@@ -100,8 +100,6 @@ def summarising_agent(task: dict[str, Any]) -> None:
 
 async def async_tool_agent(task: dict[str, Any]) -> None:
     """The same loop with ``openai.AsyncOpenAI`` (an async callable)."""
-    import httpx
-    import openai
 
     async with openai.AsyncOpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0) as client, \
             httpx.AsyncClient(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300) as env:
@@ -134,7 +132,6 @@ async def async_tool_agent(task: dict[str, Any]) -> None:
 async def agents_sdk_agent(task: dict[str, Any]) -> None:
     """An OpenAI Agents SDK agent: the env's tools as ``FunctionTool``s that POST to the env's URL, the
     model through ``OpenAIChatCompletionsModel`` on the task's ``base_url``; it stops when the episode ends."""
-    import httpx
     from agents import (
         Agent,
         FunctionTool,
@@ -145,7 +142,6 @@ async def agents_sdk_agent(task: dict[str, Any]) -> None:
         ToolsToFinalOutputResult,
         set_tracing_disabled,
     )
-    from openai import AsyncOpenAI
 
     set_tracing_disabled(True)  # a local model: no traces go to OpenAI
     done = {"flag": False}
@@ -167,7 +163,7 @@ async def agents_sdk_agent(task: dict[str, Any]) -> None:
         return ToolsToFinalOutputResult(is_final_output=done["flag"], final_output=results[-1].output if done["flag"] else None)
 
     system = next((m["content"] for m in task["messages"] if m["role"] == "system"), None)
-    client = AsyncOpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0)
+    client = openai.AsyncOpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0)
     agent = Agent(name="solver", instructions=system, tools=[make_tool(t) for t in task["tools"]],
                   model=OpenAIChatCompletionsModel(model=task["model"], openai_client=client),
                   model_settings=ModelSettings(max_tokens=64), tool_use_behavior=stop_when_done)
@@ -182,7 +178,6 @@ async def agents_sdk_agent(task: dict[str, Any]) -> None:
 
 def crashing_agent(task: dict[str, Any]) -> None:
     """Calls the model once, then fails."""
-    import openai
 
     with openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0) as client:
         client.chat.completions.create(model=task["model"], messages=task["messages"])
@@ -199,7 +194,6 @@ async def hanging_async_agent(task: dict[str, Any]) -> None:
 
 def self_scoring_agent(task: dict[str, Any]) -> float:
     """Brings its own check (it was handed the gold value): returns its reward (Agent Lightning style)."""
-    import openai
 
     with openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0) as client:
         r = client.chat.completions.create(model=task["model"], messages=task["messages"])
@@ -208,7 +202,6 @@ def self_scoring_agent(task: dict[str, Any]) -> float:
 
 def reward_posting_agent(task: dict[str, Any]) -> None:
     """Reports a reward through the harness's reward URL."""
-    import openai
 
     with openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0) as client:
         client.chat.completions.create(model=task["model"], messages=task["messages"])
@@ -219,8 +212,6 @@ def reward_posting_agent(task: dict[str, Any]) -> None:
 def forging_agent(task: dict[str, Any]) -> None:
     """Tries to report its own reward to a harness whose reward comes from the env (and fails loudly
     if the harness takes it)."""
-    import httpx
-    import openai
 
     with openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0) as client:
         client.chat.completions.create(model=task["model"], messages=task["messages"])

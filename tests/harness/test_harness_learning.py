@@ -26,7 +26,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-STEPS = 20
+STEPS = 12  # seeded, training success is ~100% by step 10 (20 steps were run before, all groups filtered late)
 
 
 def harness_success(model: str, split: str = "test") -> float:
@@ -132,8 +132,9 @@ def test_an_openai_agent_learns_through_the_endpoint(tiny_sft_model: str, before
     after = harness_success(str(tmp_path / "run" / "final"))
     print(f"held-out success through the agent: {before:.2f} -> {after:.2f}")
     assert before < 0.3
-    # greedy held-out success of the unchanged model is `before` (0.2): the lr=0 twin below stays there. 20 steps
-    # reach 1.0 in most runs; one loaded CI run reached 0.5, so the bar is "well above chance", not "solved"
+    # greedy held-out success of the unchanged model is `before` (0.2): the lr=0 twin below stays there. The seeded
+    # run reaches 1.0 in 12 steps here (its training success is ~100% from step 10 on); an unseeded CI run once
+    # reached only 0.5, so the bar is "well above chance", not "solved"
     assert after >= 0.5
     versions = [r["version"] for r in run["rows"] if "version" in r]
     assert versions == sorted(versions) and versions[-1] >= STEPS // 2  # weights were published as it trained
