@@ -13,7 +13,6 @@ import json
 import os
 import ssl
 import sys
-import threading
 import time
 from typing import Any
 
@@ -25,27 +24,19 @@ import openai
 MAX_TURNS = 6
 
 
-_TLS: list[Any] = []
-_TLS_LOCK = threading.Lock()
-
-
-def _tls() -> Any:
-    """One TLS context for the process, as an agent serving many episodes keeps one: an ``openai`` or ``httpx``
-    client built without it loads the CA bundle (~30-40 ms of CPU, even for plain ``http://``), which was most
-    of the harness learning test's CPU with two new clients an episode."""
-    with _TLS_LOCK:  # the first episodes start together: one builds it, the rest wait for it
-        if not _TLS:
-            _TLS.append(ssl.create_default_context())
-    return _TLS[0]
+# One TLS context for the process, as an agent serving many episodes keeps one: an ``openai`` or ``httpx`` client
+# built without it loads the CA bundle (~30-40 ms of CPU, even for plain ``http://``), which was most of the harness
+# learning test's CPU with two new clients an episode.
+TLS = ssl.create_default_context()
 
 
 def _env_client(task: dict[str, Any]) -> Any:
-    return httpx.Client(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300, verify=_tls())
+    return httpx.Client(headers={"Authorization": f"Bearer {task['api_key']}"}, timeout=300, verify=TLS)
 
 
 def _model_client(task: dict[str, Any]) -> Any:
     return openai.OpenAI(base_url=task["base_url"], api_key=task["api_key"], max_retries=0, timeout=300,
-                         http_client=openai.DefaultHttpxClient(verify=_tls()))
+                         http_client=openai.DefaultHttpxClient(verify=TLS))
 
 
 def tool_agent(task: dict[str, Any]) -> None:
