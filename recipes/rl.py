@@ -126,6 +126,7 @@ class RLRecipe:
         self.runtime: Any = None
         self.services: list[Any] = []
         self.logger: MetricsLogger | QuietLogger | None = None
+        self.group_log: GroupLog | None = None  # log.groups: OUT/groups.jsonl
         self.stop = StopControl(cfg.run.time_budget_s)
         self._flow_state: dict[str, Any] | None = None
         self.ranks: Ranks | None = None  # sharded (trainer.strategy = "fsdp2"): this rank's place
@@ -188,10 +189,13 @@ class RLRecipe:
             if cfg.dataflow.runtime != "embedded":
                 raise ConfigurationError("log.groups writes from the embedded runtime's process; it is not "
                                          "available with dataflow.runtime = 'ray'")
-            self.runtime.flow.group_observers.append(GroupLog(self.folder.path / "groups.jsonl", self))
+            self.group_log = GroupLog(self.folder.path / "groups.jsonl", self)
+            self.runtime.flow.group_observers.append(self.group_log)
         self.services = self.service_specs(make_env)
         # resume, or a fresh curve
         ck = self._resume()
+        if self.group_log is not None:
+            self.group_log.resume_at(self.step)
         self.logger = MetricsLogger(self.folder.path, cfg.run.steps, tensorboard=cfg.log.tensorboard,
                                     progress=cfg.log.progress, start_step=self.step)
         self.stop.note = self.logger.note

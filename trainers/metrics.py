@@ -112,6 +112,13 @@ class GroupLog:
         self.path = Path(path)
         self.owner = owner
 
+    def resume_at(self, start_step: int) -> None:
+        """A resumed run redoes the steps from ``start_step`` on: drop the lines an interrupted attempt wrote for
+        them (its groups finished before the step's update, which the checkpoint does not hold), and a torn line,
+        so each step's groups appear once."""
+        if start_step > 0 and self.path.exists():
+            _keep_steps_before(self.path, start_step)
+
     def __call__(self, group: Any, outcome: dict[str, str | None]) -> None:
         rec = group_summary(group)
         rec["outcome"] = outcome
@@ -320,10 +327,7 @@ class MetricsLogger:
     def _drop_lost_steps(self, start_step: int) -> None:
         """A resumed run redoes the steps after its checkpoint: drop their records (and a torn line)
         so the curve has each step once."""
-        keep = [r for r in read_metrics(self.path) if isinstance(r.get("step"), int) and r["step"] < start_step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in keep))
-        tmp.replace(self.path)
+        _keep_steps_before(self.path, start_step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         flat = {"step": step, **{k: _clean(v) for k, v in flatten(metrics).items()}}
@@ -357,6 +361,14 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _keep_steps_before(path: Path, start_step: int) -> None:
+    """Rewrite a JSONL log keeping the records of steps before ``start_step`` (atomically; torn lines dropped)."""
+    keep = [r for r in read_metrics(path) if isinstance(r.get("step"), int) and r["step"] < start_step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in keep))
+    tmp.replace(path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

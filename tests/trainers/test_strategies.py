@@ -151,6 +151,25 @@ def test_gate_audit_logs_precision_and_recall_and_changes_no_rollout(tiny_model:
     assert last["flow/gates/selective_rollout/precision"] == 1.0 and last["flow/gates/selective_rollout/recall"] == 1.0
 
 
+def test_a_resumed_run_logs_each_steps_groups_once(tiny_model: str, tmp_path: Path) -> None:
+    """An attempt killed after its rollouts but before its update (and its checkpoint) has written that step's
+    groups; the resumed run redoes the step, so those lines must go (a seed of the ALFWorld runs logged a step's
+    groups twice this way)."""
+    out = tmp_path / "run"
+    run_training(_cfg(tiny_model, out, steps=1, log={"groups": True}, run={"checkpoint_every": 1}))
+    log = out / "groups.jsonl"
+    first = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in first] == [0, 0]
+    with log.open("a") as f:  # the killed attempt at step 1: its two groups, then a torn line
+        f.writelines(json.dumps({**x, "step": 1}) + "\n" for x in first)
+        f.write('{"group_id": "torn')
+    res = run_training(_cfg(tiny_model, out, steps=2, log={"groups": True}, run={"checkpoint_every": 1}))
+    assert res["steps"] == 2
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 0, 1, 1]
+    assert lines[:2] == first
+
+
 def test_gate_enforce_stops_groups_early_and_keeps_them_out_of_the_loss(tiny_model: str, tmp_path: Path,
                                                                          baseline: dict[str, Any]) -> None:
     res = run_training(_cfg(tiny_model, tmp_path, gate={"mode": "enforce", "k": 1, "threshold": 0.5,
