@@ -198,7 +198,9 @@ def test_checks_still_see_the_agents_legitimate_work(env: OSEnv) -> None:
 def test_processes_the_agent_leaves_are_killed_before_the_check(env: OSEnv) -> None:
     env.reset(options={"task_id": task_id("count")})
     env.step(bash("setsid nohup sleep 1001 >/dev/null 2>&1 & (sleep 1002 &); nohup sleep 1003 >/dev/null 2>&1 &"))
-    obs, *_ = env.step(bash("ps -eo args | grep -c '^sleep 100'"))
+    # the backgrounded shells exec `sleep` a moment later (setsid forks first): wait for all three, at most 10 s
+    count = "ps -eo args | grep -c '^sleep 100'"
+    obs, *_ = env.step(bash(f'for i in $(seq 100); do [ "$({count})" = 3 ] && break; sleep 0.1; done; {count}'))
     assert obs[0]["content"].startswith("The output of the OS:\n\n3\n"), obs
     box = env._box
     assert box is not None
