@@ -381,7 +381,11 @@ def live_gate() -> dict[str, Any]:
     return out
 
 
-def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, Any]:
+def summarize_training(res: dict[str, Any], start_arm: str | None, against: str | None = None) -> dict[str, Any]:
+    """Each arm's held-out success, paired against the start and its seed's baseline; costs; the seeds pooled.
+    ``against`` (a ``--tag``): this experiment's baseline seeds paired with that experiment's (seed s with seed s),
+    per seed and pooled: experiments that differ in one setting from the same start, compared on the same eval
+    episodes (descriptive unless pre-registered)."""
     out: dict[str, Any] = {"arms": {}, "paired": {}}
     files = {p.name.removesuffix(".jsonl.gz"): load_outcomes(p) for p in sorted((EPISODES / EXP).glob("*-seed*.jsonl.gz"))}
     start = EPISODES / "alfworld_learning" / f"{start_arm}.jsonl.gz" if start_arm else None
@@ -411,6 +415,24 @@ def summarize_training(res: dict[str, Any], start_arm: str | None) -> dict[str, 
         row["per_step"] = paired_steps([(base, name)])
         out["cost"][f"{name} vs {base}"] = row
     out["pooled"] = pooled(files, base_rows, start_arm)
+    if against:
+        other = {p.name.removesuffix(".jsonl.gz"): load_outcomes(p)
+                 for p in sorted((EPISODES / f"gate_alfworld-{against}").glob("baseline-seed*.jsonl.gz"))}
+        seeds = sorted(int(n.removeprefix("baseline-seed")) for n in set(files) & set(other)
+                       if n.startswith("baseline-seed"))
+        if not seeds:
+            raise SystemExit(f"--against {against}: no baseline seed of it matches one of {EXP}'s")
+        rows = {"seeds": seeds}
+        for s in seeds:
+            rows[f"baseline-seed{s}"] = paired_bootstrap(other[f"baseline-seed{s}"], files[f"baseline-seed{s}"])
+        if len(seeds) > 1:
+            def tag(rs: list[dict[str, Any]], s: int) -> list[dict[str, Any]]:
+                return [{**r, "sample": f"{s}/{r['sample']}"} for r in rs]
+            rows["pooled"] = paired_bootstrap([r for s in seeds for r in tag(other[f"baseline-seed{s}"], s)],
+                                              [r for s in seeds for r in tag(files[f"baseline-seed{s}"], s)])
+        out["against"] = {against: rows}
+        print(f"baseline ({EXP}) - baseline (gate_alfworld-{against}), pooled over seeds {seeds}: "
+              f"{rows.get('pooled', rows[f'baseline-seed{seeds[0]}'])}")
     return out
 
 
@@ -513,7 +535,12 @@ def main() -> None:
                     help="train/summarize a separate experiment (e.g. from-sft-128 for GRPO from another start): "
                          "its runs, outcomes and JSON get their own names (gate_alfworld-<tag>), and it takes the "
                          "gate's setting from the main experiment's audit")
+    ap.add_argument("--against", default=None,
+                    help="summarize: also pair this experiment's baseline seeds with another --tag's (seed s with "
+                         "seed s, and pooled), e.g. --tag from-sft-128-lr1e-5 --against from-sft-128")
     args = ap.parse_args()
+    if args.against and not (args.tag and re.fullmatch(r"[a-z0-9][a-z0-9.-]*", args.against)):
+        raise SystemExit("--against names another experiment's --tag, and needs --tag")
     prov = Provenance.start()
     pick_from = None
     if args.tag:
@@ -566,7 +593,7 @@ def main() -> None:
         if tokens := sum(group_tokens(name).values()):
             rec["generated_tokens"] = tokens
     if res.get("training"):
-        res["training_summary"] = summarize_training(res, args.start_arm)
+        res["training_summary"] = summarize_training(res, args.start_arm, args.against)
     res["training_live_gate"] = live_gate()
     res["pick_rule"] = (f"most generated tokens saved among (view, K, d) with precision >= 0.8 over >= {MIN_STOPS} "
                         "stops at T=1.0 (tool-call view excluded: degenerate on text commands)")

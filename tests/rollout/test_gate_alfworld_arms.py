@@ -88,6 +88,25 @@ def test_summary_pairs_each_strategy_arm_with_its_seeds_baseline(bench: Any, tmp
     assert out["cost"]["dapo-seed0 vs baseline-seed0"]["per_step"]["step_s"]["saved_frac"] == pytest.approx(-0.5)
 
 
+def test_against_pairs_each_baseline_seed_with_the_other_experiments(bench: Any, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "EPISODES", tmp_path)
+    here, other = tmp_path / bench.EXP, tmp_path / "gate_alfworld-other"
+    _write(here / "baseline-seed0.jsonl.gz", _outcomes([1, 1, 1, 0, 1, 0, 0, 0]))
+    _write(here / "baseline-seed1.jsonl.gz", _outcomes([1, 0, 0, 0, 0, 0, 0, 0]))
+    _write(other / "baseline-seed0.jsonl.gz", _outcomes([0, 0, 1, 0, 1, 0, 0, 0]))
+    _write(other / "baseline-seed1.jsonl.gz", _outcomes([0, 0, 0, 0, 0, 0, 0, 1]))
+    _write(other / "baseline-seed2.jsonl.gz", _outcomes([1] * 8))  # no seed 2 here: left out
+    out = bench.summarize_training({"training": {}}, None, "other")["against"]["other"]
+    assert out["seeds"] == [0, 1]
+    s0, s1, pooled = out["baseline-seed0"], out["baseline-seed1"], out["pooled"]
+    assert s0["mean"] == pytest.approx(2 / 8) and (s0["b_wins"], s0["a_wins"]) == (2, 0)
+    assert s1["mean"] == pytest.approx(0.0) and (s1["b_wins"], s1["a_wins"]) == (1, 1)
+    assert pooled["episodes"] == 16 and pooled["mean"] == pytest.approx(2 / 16) and pooled["b_wins"] == 3
+    with pytest.raises(SystemExit, match="no baseline seed"):
+        bench.summarize_training({"training": {}}, None, "missing")
+
+
 def test_a_restarted_driver_keeps_the_wall_clock_of_the_stages_it_skips(bench: Any) -> None:
     """A driver restarted after a seed's eval is complete skips that eval and measures no wall-clock for it
     (``stage_wall_s`` None): the record keeps what the run that did the work measured, with the load after it."""
