@@ -26,7 +26,9 @@ TESTS = Path(__file__).resolve().parents[1]
 def ray_local() -> Iterator[None]:
     ray = pytest.importorskip("ray")
     path = os.pathsep.join([str(TESTS / "dataflow"), str(TESTS / "rollout"), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": a Ray of its own, even where `ray start` left a cluster on this machine (ray.init()
+    # would join it, and refuse num_cpus there)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield
     ray.shutdown()

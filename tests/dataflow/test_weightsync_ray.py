@@ -29,7 +29,9 @@ def local_ray() -> Iterator[Any]:
     if ray.is_initialized():
         pytest.skip("a Ray runtime is already up in this process")
     path = os.pathsep.join([str(TESTS / "dataflow"), str(TESTS / "rollout"), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    # address="local": a Ray of its own, even where `ray start` left a cluster on this machine (ray.init()
+    # would join it, and refuse num_cpus there)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
         yield ray

@@ -45,7 +45,9 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": a Ray of its own, even where `ray start` left a cluster on this machine (ray.init()
+    # would join it, and refuse num_cpus there)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
     try:
         yield ray
