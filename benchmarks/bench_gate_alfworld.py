@@ -426,10 +426,8 @@ def summarize_training(res: dict[str, Any], start_arm: str | None, against: str 
         for s in seeds:
             rows[f"baseline-seed{s}"] = paired_bootstrap(other[f"baseline-seed{s}"], files[f"baseline-seed{s}"])
         if len(seeds) > 1:
-            def tag(rs: list[dict[str, Any]], s: int) -> list[dict[str, Any]]:
-                return [{**r, "sample": f"{s}/{r['sample']}"} for r in rs]
-            rows["pooled"] = paired_bootstrap([r for s in seeds for r in tag(other[f"baseline-seed{s}"], s)],
-                                              [r for s in seeds for r in tag(files[f"baseline-seed{s}"], s)])
+            rows["pooled"] = paired_bootstrap([r for s in seeds for r in _seed_tagged(other[f"baseline-seed{s}"], s)],
+                                              [r for s in seeds for r in _seed_tagged(files[f"baseline-seed{s}"], s)])
         out["against"] = {against: rows}
         print(f"baseline ({EXP}) - baseline (gate_alfworld-{against}), pooled over seeds {seeds}: "
               f"{rows.get('pooled', rows[f'baseline-seed{seeds[0]}'])}")
@@ -489,6 +487,11 @@ def paired_steps(pairs: Sequence[tuple[str, str]], n_boot: int = 10000, seed: in
     return out
 
 
+def _seed_tagged(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Outcomes with the training seed folded into ``sample``, so pooled seeds pair episode with episode."""
+    return [{**r, "sample": f"{seed}/{r['sample']}"} for r in rows]
+
+
 def pooled(files: dict[str, list[dict[str, Any]]], start_rows: list[dict[str, Any]] | None,
            start_arm: str | None) -> dict[str, Any]:
     """The training seeds pooled: each arm against the start and the gate against the baseline, paired over
@@ -501,9 +504,7 @@ def pooled(files: dict[str, list[dict[str, Any]]], start_rows: list[dict[str, An
     if len(seeds) < 2:
         return {}
     both = all(f"gate-seed{s}" in files for s in seeds)
-
-    def tag(rows: list[dict[str, Any]], s: int) -> list[dict[str, Any]]:
-        return [{**r, "sample": f"{s}/{r['sample']}"} for r in rows]
+    tag = _seed_tagged
 
     arms = {arm: [r for s in seeds for r in tag(files[f"{arm}-seed{s}"], s)]
             for arm in (("baseline", "gate") if both else ("baseline",))}
