@@ -11,6 +11,11 @@ APT_PACKAGES := bubblewrap docker.io sqlite3 procps chromium chromium-driver
 EXTRAS := hf,ray,docker,code,search,dense,report,openenv,train,trl,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# The fast tests (no models, servers or containers) run on this many pytest-xdist workers: up to 4, one per core.
+# The slow tests run one at a time after them: vLLM, torchrun and Ray already use every core, and a trial with
+# two workers (a training run beside it) ran out of memory, 24 GiB: two vLLM engines, Ray and torchrun at once.
+# (pytest's exit status 5, "no tests collected", is not a failure: PYTEST_ARGS may name only fast or slow tests.)
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 # Agent Lightning (tests/harness/test_agentlightning.py) needs Python >= 3.12: a side venv from PyPI
 AGL_PYTHON ?= $(shell for p in python3.12 python3.13 $(HOME)/.pyenv/versions/3.1[23]*/bin/python; do \
   $$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { command -v $$p; break; }; done)
@@ -71,7 +76,11 @@ dockerd-stop:
 test: apt venv agl-venv vf-venv lint
 	@bash scripts/dockerd-start.sh || echo "dockerd did not start: docker tests will be skipped"
 	@set -o pipefail; status=0; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 $(PYTEST_ARGS) || status=$$?; \
+	echo "== fast tests, $(TEST_WORKERS) workers"; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS) \
+	  || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
+	echo "== slow tests (real models, servers, containers), one at a time"; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=40 $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
 	bash scripts/dockerd-stop.sh; [ $$status = 0 ] || exit $$status
 	@$(MAKE) --no-print-directory test-verifiers
 
@@ -95,7 +104,7 @@ test-verifiers: $(VF_STAMP)
 	else echo "SKIPPED tests/integrations/test_verifiers.py: no $(VF_VENV)"; fi
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -x $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -x -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 quickstart: apt venv model
 	$(BIN)/agentgym list
