@@ -504,13 +504,12 @@ def pooled(files: dict[str, list[dict[str, Any]]], start_rows: list[dict[str, An
     if len(seeds) < 2:
         return {}
     both = all(f"gate-seed{s}" in files for s in seeds)
-    tag = _seed_tagged
 
-    arms = {arm: [r for s in seeds for r in tag(files[f"{arm}-seed{s}"], s)]
+    arms = {arm: [r for s in seeds for r in _seed_tagged(files[f"{arm}-seed{s}"], s)]
             for arm in (("baseline", "gate") if both else ("baseline",))}
     out: dict[str, Any] = {"seeds": seeds}
     if start_rows is not None:
-        start = [r for s in seeds for r in tag(start_rows, s)]
+        start = [r for s in seeds for r in _seed_tagged(start_rows, s)]
         for arm, rows in arms.items():
             out[f"{arm} - start ({start_arm})"] = paired_bootstrap(start, rows)
     if both:
