@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 from dataflow_fakes import ENV, coin_workflows, configs
+from ray_helpers import own_ray
 
 from agentgym.dataflow.runtime import make_runtime
 from agentgym.dataflow.spec import ServiceSpec
@@ -24,14 +24,9 @@ TESTS = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    ray = pytest.importorskip("ray")
-    path = os.pathsep.join([str(TESTS / "dataflow"), str(TESTS / "rollout"), os.environ.get("PYTHONPATH", "")])
-    # address="local": a Ray of its own, even where `ray start` left a cluster on this machine (ray.init()
-    # would join it, and refuse num_cpus there)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
+    pytest.importorskip("ray")
+    with own_ray([TESTS / "dataflow", TESTS / "rollout"]):
+        yield
 
 
 @pytest.fixture(params=["embedded", pytest.param("ray", marks=pytest.mark.slow)])

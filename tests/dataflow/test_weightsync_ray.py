@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_helpers import own_ray
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -28,15 +28,8 @@ TESTS = Path(__file__).resolve().parents[1]
 def local_ray() -> Iterator[Any]:
     if ray.is_initialized():
         pytest.skip("a Ray runtime is already up in this process")
-    path = os.pathsep.join([str(TESTS / "dataflow"), str(TESTS / "rollout"), os.environ.get("PYTHONPATH", "")])
-    # address="local": a Ray of its own, even where `ray start` left a cluster on this machine (ray.init()
-    # would join it, and refuse num_cpus there)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    with own_ray([TESTS / "dataflow", TESTS / "rollout"], configure_logging=False) as r:
+        yield r
 
 
 async def test_publish_to_a_policy_in_a_ray_service_actor(local_ray: Any) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_helpers import own_ray
 from test_fsdp_rl import _config, _deliveries, _publishes, _steps
 
 HERE = Path(__file__).resolve().parent
@@ -42,17 +43,10 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
-    # address="local": a Ray of its own, even where `ray start` left a cluster on this machine (ray.init()
-    # would join it, and refuse num_cpus there)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    with own_ray([HERE], {"OMP_NUM_THREADS": "1"}) as r:
+        yield r
 
 
 def _actors(ray: Any) -> list[dict[str, Any]]:
