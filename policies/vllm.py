@@ -26,7 +26,8 @@ that point, and the tokens before it carry the old version, those after it the n
 computed with the old weights, as in PipelineRL-style in-flight updates.
 
 Scripts that create a VLLMPolicy must guard their entry point with ``if __name__ == "__main__":``
-(vLLM starts worker processes).
+(vLLM starts worker processes). The engine's ZMQ socket files go to a folder of the process's own, removed
+when it exits (``VLLM_RPC_BASE_PATH``, unless already set), not loose into /tmp.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ class VLLMPolicy(PolicyLifecycle):
         self.is_cpu = bool(current_platform.is_cpu())
         if self.is_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+        _private_rpc_dir()
         args: dict[str, Any] = {
             "model": self.model_path,
             "dtype": dtype,
@@ -660,6 +662,24 @@ async def _close_zmq(engine: Any) -> None:
 
 
 _LIVE: weakref.WeakSet[VLLMPolicy] = weakref.WeakSet()
+_RPC_DIR: str | None = None  # this process's folder for vLLM's ZMQ IPC sockets (see _private_rpc_dir)
+_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes on Linux, NUL included
+
+
+def _private_rpc_dir() -> None:
+    """Point vLLM's IPC sockets at a folder of this process's own, removed at exit (unless the user set one).
+
+    vLLM binds its engine's ZMQ sockets as files in ``VLLM_RPC_BASE_PATH`` (default: the temp dir) and never
+    removes them: every engine started left 7 socket files in /tmp, even after a clean shutdown. Set before the
+    engine starts, the path is inherited by its engine-core and worker processes. A socket's path must fit in 107
+    bytes: where the temp dir is too deep for a folder plus vLLM's 36-character names, vLLM's default is kept."""
+    global _RPC_DIR
+    if _RPC_DIR is None and "VLLM_RPC_BASE_PATH" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="agentgym-ipc-")
+        if len(os.fsencode(folder)) + 1 + 36 > _SOCKET_PATH_MAX:
+            os.rmdir(folder)
+            return
+        _RPC_DIR = os.environ["VLLM_RPC_BASE_PATH"] = folder
 
 
 @atexit.register
@@ -667,3 +687,5 @@ def _shutdown_all() -> None:
     for p in list(_LIVE):
         with contextlib.suppress(Exception):  # best effort at interpreter exit
             p.shutdown()
+    if _RPC_DIR is not None:
+        shutil.rmtree(_RPC_DIR, ignore_errors=True)

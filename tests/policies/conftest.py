@@ -70,7 +70,7 @@ def vllm_server(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> 
     key = shared_key(create=True)  # the publisher's key (this process's): the worker applies only what it signs
     assert key is not None
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_SERVER_DEV_MODE": "1",
-           KEY_ENV: key.decode()}
+           KEY_ENV: key.decode(), "VLLM_RPC_BASE_PATH": str(log.parent)}  # its IPC sockets: not left in /tmp
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", smollm2_path, "--served-model-name", SERVED_NAME,
