@@ -333,11 +333,11 @@ def live_gate() -> dict[str, Any]:
     variance (precision with its Wilson interval, recall, the base rate of zero-variance groups) and the share of
     generated tokens the stopped groups held after the decision.
 
-    An enforced stop ends its group, so its final variance is never seen: a gate arm's precision is not
-    observable. Its proxy is the **baseline twin**: both arms of a seed draw the same tasks in the same order, so
-    the baseline (same seed) ran each stopped group's task at the same step, whole, from a model that differs
-    only by the arms' own updates since step 0; ``twin_precision`` counts the stops whose twin ended
-    zero-variance."""
+    An enforced stop (the gate's, or a pilot's cut) ends its group, so its final variance is never seen: a gate
+    or pilot arm's precision is not observable. Its proxy is the **baseline twin**: both arms of a seed draw the
+    same tasks in the same order, so the baseline (same seed) ran each stopped group's task at the same step,
+    whole, from a model that differs only by the arms' own updates since step 0; ``twin_precision`` counts the
+    stops whose twin ended zero-variance, ``twin_recall`` the twin's zero-variance groups whose task was stopped."""
     from agentgym.eval.stats import wilson_interval
 
     dest = EPISODES / EXP / "training-groups"
@@ -367,16 +367,21 @@ def live_gate() -> dict[str, Any]:
             zv_ran = sum(len(set(g["rewards"])) == 1 for g in ran)
             row.update({"precision": None, "precision_ci95": None, "recall": None, "tokens_after_stops_frac": None,
                         "ran_whole": len(ran), "ran_whole_zero_variance": zv_ran})
-            twin_path = dest / path.name.replace("gate-", "baseline-", 1)
-            if name.startswith("gate-") and twin_path.exists():
+            arm, _, seed = name.partition("-seed")
+            twin_path = dest / f"baseline-seed{seed}.jsonl.gz"
+            if arm != "baseline" and twin_path.exists():  # the gate's stops, or the pilot's cuts
                 twins = {(g["step"], g["task_id"]): g for g in load_outcomes(twin_path)}
                 stopped = [g for g in groups if g.get("gate_records") and g["gate_records"][0]["action"] == "stop"]
                 matched = [twins[(g["step"], g["task_id"])] for g in stopped if (g["step"], g["task_id"]) in twins]
                 correct = sum(len(set(t["rewards"])) == 1 for t in matched)
+                twin_zv = sum(len(set(twins[k]["rewards"])) == 1 for k in {(g["step"], g["task_id"]) for g in groups}
+                              if k in twins)
                 row.update({"twin": twin_path.name.removesuffix(".jsonl.gz"), "twin_matched": len(matched),
                             "twin_correct": correct,
                             "twin_precision": round(correct / len(matched), 4) if matched else None,
-                            "twin_precision_ci95": wilson_interval(correct, len(matched))})
+                            "twin_precision_ci95": wilson_interval(correct, len(matched)),
+                            "twin_zero_variance": twin_zv,
+                            "twin_recall": round(correct / twin_zv, 4) if twin_zv else None})
         out[name] = row
     return out
 
@@ -610,7 +615,8 @@ def main() -> None:
         if g["enforced"]:
             print(f"{name} (live, enforced): {g['stops']} of {g['groups']} groups cut, {g['generated_tokens']} tokens "
                   f"generated; precision against the baseline twin {g.get('twin_precision')} "
-                  f"{g.get('twin_precision_ci95')} over {g.get('twin_matched')} stops")
+                  f"{g.get('twin_precision_ci95')} over {g.get('twin_matched')} stops, recall {g.get('twin_recall')} "
+                  f"of its {g.get('twin_zero_variance')} zero-variance groups")
         else:
             print(f"{name} (live, audit mode): {g['stops']} of {g['groups']} groups stopped, precision "
                   f"{g['precision']} {g['precision_ci95']}, recall {g['recall']}, base rate {g['base_rate']}, "

@@ -120,3 +120,33 @@ def test_a_restarted_driver_keeps_the_wall_clock_of_the_stages_it_skips(bench: A
     # Nothing to keep on a first run.
     first = {"seed": 1, "eval": {"stage_wall_s": None, "load_avg_after": [0.1, 0.1, 0.1]}}
     assert bench.keep_walls(None, first)["eval"]["stage_wall_s"] is None
+
+
+def _group(step: int, task: str, rewards: list[float], stop: bool | None) -> dict[str, Any]:
+    rec = [] if stop is None else [{"action": "stop" if stop else "continue", "enforced": stop,
+                                    "final_zero_variance": None if stop else len(set(rewards)) == 1,
+                                    "tokens_at_decision": 10, "final_tokens": 10 * len(rewards)}]
+    return {"step": step, "task_id": task, "rewards": rewards, "turn_tokens": [[10]] * len(rewards),
+            "gate_records": rec}
+
+
+def test_a_pilot_arms_cuts_are_scored_against_its_baseline_twin(bench: Any, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enforced cut never sees its group's final variance: the baseline of the same seed ran that task at that
+    step whole, and its outcome scores the cut (precision over the cuts, recall over the twin's zero-variance
+    groups). The pilot's groups are named like any strategy arm's, not only the gate's."""
+    monkeypatch.setattr(bench, "EPISODES", tmp_path)
+    groups = tmp_path / bench.EXP / "training-groups"
+    zero, mixed = [0.0] * 8, [1.0] + [0.0] * 7
+    _write(groups / "baseline-seed0.jsonl.gz", [_group(0, "a", zero, None), _group(0, "b", mixed, None),
+                                                _group(1, "a", zero, None), _group(1, "c", zero, None)])
+    _write(groups / "pilot-seed0.jsonl.gz", [
+        _group(0, "a", [0.0, 0.0], True),   # cut, and its twin was zero-variance: right
+        _group(0, "b", [0.0, 0.0], True),   # cut, but its twin was informative: wrong
+        _group(1, "a", mixed, False),       # ran whole; its twin was zero-variance: missed
+        _group(1, "c", [1.0, 1.0], True)])  # right
+    row = bench.live_gate()["pilot-seed0"]
+    assert row["enforced"] and row["stops"] == 3 and row["twin"] == "baseline-seed0"
+    assert (row["twin_matched"], row["twin_correct"], row["twin_precision"]) == (3, 2, 0.6667)
+    assert row["twin_zero_variance"] == 3 and row["twin_recall"] == 0.6667
+    assert "twin" not in bench.live_gate()["baseline-seed0"]
