@@ -363,7 +363,8 @@ def live_gate() -> dict[str, Any]:
                         "recall": round(correct / zv, 4) if zv else None,
                         "tokens_after_stops_frac": round(after / tokens, 4) if tokens else None})
         else:
-            ran = [g for g in groups if not (g.get("gate_records") and g["gate_records"][0]["action"] == "stop")]
+            stopped = [g for g in groups if g.get("gate_records") and g["gate_records"][0]["action"] == "stop"]
+            ran = [g for g in groups if g not in stopped]
             zv_ran = sum(len(set(g["rewards"])) == 1 for g in ran)
             row.update({"precision": None, "precision_ci95": None, "recall": None, "tokens_after_stops_frac": None,
                         "ran_whole": len(ran), "ran_whole_zero_variance": zv_ran})
@@ -371,11 +372,10 @@ def live_gate() -> dict[str, Any]:
             twin_path = dest / f"baseline-seed{seed}.jsonl.gz"
             if arm != "baseline" and twin_path.exists():  # the gate's stops, or the pilot's cuts
                 twins = {(g["step"], g["task_id"]): g for g in load_outcomes(twin_path)}
-                stopped = [g for g in groups if g.get("gate_records") and g["gate_records"][0]["action"] == "stop"]
                 matched = [twins[(g["step"], g["task_id"])] for g in stopped if (g["step"], g["task_id"]) in twins]
                 correct = sum(len(set(t["rewards"])) == 1 for t in matched)
-                twin_zv = sum(len(set(twins[k]["rewards"])) == 1 for k in {(g["step"], g["task_id"]) for g in groups}
-                              if k in twins)
+                keys = {(g["step"], g["task_id"]) for g in groups} & twins.keys()
+                twin_zv = sum(len(set(twins[k]["rewards"])) == 1 for k in keys)
                 row.update({"twin": twin_path.name.removesuffix(".jsonl.gz"), "twin_matched": len(matched),
                             "twin_correct": correct,
                             "twin_precision": round(correct / len(matched), 4) if matched else None,
